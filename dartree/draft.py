@@ -1,0 +1,91 @@
+"""The drafter's side of a round: its context cache, the one block pass, and the path corrector.
+
+`DrafterContext` keeps the drafter's per-layer context keys/values. They depend only on committed
+tokens, so each committed token's target features are projected once, when it is committed, rather
+than the whole prefix being re-projected every round.
+
+`draft_block` runs the block [anchor, MASK, ...] once and returns, per future position, the top-C
+candidates by base logit (the marginals a DFlash drafter gives) plus the hidden states the correction
+head needs. `PathCorrector` exposes the head to the tree builders: GRU states along paths and the
+logit residual restricted to the candidate columns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import Draft
+
+
+class DrafterContext:
+    """Context keys/values of the drafter for all committed positions (batch of one)."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.kv = None
+        self.length = 0
+
+    def append(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Add the target features [n, F] of newly committed tokens at positions [n]."""
+        new = self.drafter.context_kv(features[None].to(self.drafter.fc.weight.dtype), positions[None])
+        if self.kv is None:
+            self.kv = new
+        else:
+            self.kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.kv, new)]
+        self.length += int(features.shape[0])
+
+
+@dataclass
+class BlockDraft:
+    draft: Draft
+    hidden: torch.Tensor  # [D, h] drafter hidden states of positions 1..D
+
+
+def draft_block(drafter, target, context: DrafterContext, anchor: torch.Tensor, position: int,
+                depth: int, candidates: int) -> BlockDraft:
+    """One drafter pass for the block that starts at `position` with the committed `anchor` token."""
+    k = drafter.block_size
+    dev = anchor.device
+    block = torch.full((1, k), drafter.cfg.mask_token_id, dtype=torch.long, device=dev)
+    block[0, 0] = anchor
+    positions = torch.arange(position, position + k, device=dev)[None]
+    embeds = target.embed(block).to(drafter.fc.weight.dtype)
+    hidden = drafter.block_hidden(embeds, positions, context.kv)[0, 1:1 + depth]
+    base = target.lm_head(hidden.to(target.dtype))  # [D, V] fp32
+    cand_logits, cand_tokens = base.topk(min(candidates, base.shape[-1]), dim=-1)
+    marginal = cand_logits - torch.logsumexp(base, dim=-1, keepdim=True)
+    return BlockDraft(Draft(anchor.reshape(()), cand_tokens, cand_logits, marginal), hidden)
+
+
+class PathCorrector:
+    """The Domino head as the builders see it (the `Corrector` protocol in dartree.tree)."""
+
+    def __init__(self, drafter, target, block: BlockDraft):
+        self.drafter = drafter
+        self.target = target
+        self.block = block
+        self.active = drafter.cfg.has_correction
+        self.first_corrected_depth = drafter.cfg.pure_draft_prefix_len + 1
+        self.dtype = drafter.fc.weight.dtype
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.target.embed(tokens).to(self.dtype)
+
+    def root_state(self) -> torch.Tensor:
+        anchor = self.block.draft.anchor.reshape(1)
+        state = self.drafter.initial_state(1, anchor.device, self.dtype)
+        return self.drafter.gru_step(self._embed(anchor), state) if self.active else state
+
+    def residual(self, depth: int, states: torch.Tensor):
+        if not self.active or depth < self.first_corrected_depth:
+            return None
+        z = self.block.hidden[depth - 1]
+        columns = self.block.draft.cand_tokens[depth - 1]
+        return self.drafter.correction(z[None], states, columns).float()
+
+    def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return states
+        return self.drafter.gru_step(self._embed(tokens), states)

@@ -1,0 +1,332 @@
+"""The decoder as explicit steps: prefill, then rounds of draft -> depth... -> prune -> verify -> commit.
+
+Each step returns a trace record (dartree.trace), so the explorer can stop after any of them and draw
+what it produced, while `generate` simply loops over the same steps. Every method shares the target
+pass, the walk and the cache handling; they differ only in how the tree is built:
+
+- ``ar``: plain decoding, the tree is the root alone (one target forward per token);
+- ``chain``: one path, the best corrected child at each depth (a DFlash chain when the drafter has no
+  correction head, a Domino chain when it has one);
+- ``ddtree``: DDTree's best-first heap over the uncorrected marginals, B nodes;
+- ``dartree-fixed``: depth-batched corrected expansion with a per-depth quota summing to B;
+- ``dartree``: the W-wide corrected supertree, then deferred pruning to the best B nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+from transformers import DynamicCache
+
+from . import METHODS, TREE_METHODS
+from .cache import compact_cache
+from .draft import DrafterContext, PathCorrector, draft_block
+from .errors import UserError
+from .sampling import next_tokens
+from .trace import (CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord, TreeRecord,
+                    VerifyRecord)
+from .tree import DepthwiseBuilder, Tree, ddtree_heap, fixed_quota_schedule, prune_top_b, width_schedule
+from .verify import verify_tree, walk_tree
+
+MAX_WIDTH = 64
+MAX_BUDGET = 1024
+MAX_CANDIDATES = 512
+MAX_NEW_TOKENS = 8192
+MAX_TEMPERATURE = 2.0
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything that shapes one generation; `validated` checks ranges against the models."""
+
+    method: str = "dartree"
+    width: int = 8
+    budget: int = 32
+    depth: int | None = None  # None: the drafter's block size - 1
+    candidates: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 128
+
+    def validated(self, max_depth: int | None, vocab_size: int) -> "DecodeSettings":
+        if self.method not in METHODS:
+            raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.method in TREE_METHODS and max_depth is None:
+            raise UserError(f"method {self.method!r} needs a drafter; only 'ar' runs without one")
+        checks = [
+            (1 <= self.width <= MAX_WIDTH, f"width W must be between 1 and {MAX_WIDTH}, got {self.width}"),
+            (1 <= self.budget <= MAX_BUDGET, f"budget B must be between 1 and {MAX_BUDGET}, got {self.budget}"),
+            (self.method == "ar" or 1 <= self.candidates <= min(MAX_CANDIDATES, vocab_size),
+             f"candidates C must be between 1 and {min(MAX_CANDIDATES, vocab_size)}, got {self.candidates}"),
+            (0.0 <= self.temperature <= MAX_TEMPERATURE,
+             f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
+            (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
+             f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+        depth = self.depth
+        if max_depth is not None:
+            depth = max_depth if depth is None else depth
+            if not 1 <= depth <= max_depth:
+                raise UserError(f"depth D must be between 1 and the drafter's {max_depth}, got {depth}")
+        return replace(self, depth=depth)
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    rounds: int
+    tau: float
+    prefill_seconds: float
+    decode_seconds: float
+    stage_seconds: dict
+    finished: str | None
+    settings: dict
+    round_records: list[RoundRecord] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode speed: tokens committed by rounds per second of rounds (prefill excluded)."""
+        decoded = max(len(self.token_ids) - 1, 0)
+        return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # stage boundaries only: timings must cover the GPU work
+    return time.perf_counter()
+
+
+class Decoder:
+    """One generation for one prompt, advanced step by step.
+
+    `next_stage` names what `step()` will do next: "prefill", "draft", "depth", "prune", "verify",
+    "commit" or "done". The decoder owns the target KV cache (prefix rows only, between rounds), the
+    drafter's context cache and the committed tokens; nothing in it is shared between decoders, so
+    each browser session or benchmark run has its own.
+    """
+
+    def __init__(self, target, drafter, prompt_ids: list[int], settings: DecodeSettings):
+        self.target = target
+        self.drafter = drafter if settings.method in TREE_METHODS else None
+        max_depth = drafter.max_depth if drafter is not None else None
+        self.settings = settings.validated(max_depth, target.vocab_size)
+        if not prompt_ids:
+            raise UserError("the prompt is empty: type something for the model to answer")
+        reserve = self.settings.max_new_tokens + (drafter.block_size if drafter is not None else 1)
+        if len(prompt_ids) + reserve > target.max_context:
+            raise UserError(f"the prompt has {len(prompt_ids)} tokens; with {self.settings.max_new_tokens} new tokens "
+                            f"it exceeds the target's context of {target.max_context} tokens")
+        self.device = target.device
+        self.prompt_ids = list(prompt_ids)
+        self.feature_layers = tuple(self.drafter.cfg.target_layer_ids) if self.drafter is not None else ()
+        self.generator = torch.Generator(device=self.device).manual_seed(int(self.settings.seed))
+        self.cache = DynamicCache()
+        self.context = DrafterContext(self.drafter) if self.drafter is not None else None
+        self.output: list[int] = []
+        self.prefix_len = 0
+        self.anchor: torch.Tensor | None = None
+        self.finished: str | None = None
+        self.round = 0
+        self.rounds: list[RoundRecord] = []
+        self.prefill_seconds = 0.0
+        self.next_stage = "prefill"
+        self._reset_round()
+
+    # ------------------------------------------------------------------ helpers
+    def _reset_round(self):
+        self.block = None
+        self.builder = None
+        self.supertree: Tree | None = None
+        self.tree: Tree | None = None
+        self.verification = None
+        self.walk = None
+        self.round_seconds = {k: 0.0 for k in ("draft", "tree", "verify", "commit")}
+
+    @property
+    def eos(self) -> tuple[int, ...]:
+        return self.target.eos_token_ids
+
+    def _append(self, tokens: list[int]) -> list[int]:
+        """Commit tokens, stopping exactly at EOS or at max_new_tokens; returns what was committed."""
+        room = self.settings.max_new_tokens - len(self.output)
+        taken = []
+        for tok in tokens[:room]:
+            taken.append(tok)
+            if tok in self.eos:
+                self.finished = "eos"
+                break
+        self.output.extend(taken)
+        if self.finished is None and len(self.output) >= self.settings.max_new_tokens:
+            self.finished = "length"
+        return taken
+
+    # ------------------------------------------------------------------ steps
+    def step(self):
+        """Run the next stage and return its record."""
+        stage = self.next_stage
+        if stage == "done":
+            raise UserError("this generation has finished: reset or start a new prompt")
+        return getattr(self, stage if stage != "depth" else "expand")()
+
+    @torch.inference_mode()
+    def prefill(self) -> PrefillRecord:
+        t0 = _now(self.device)
+        ids = torch.tensor([self.prompt_ids], device=self.device)
+        positions = torch.arange(len(self.prompt_ids), device=self.device)
+        out = self.target.forward(ids, positions[None], self.cache, feature_layers=self.feature_layers,
+                                  logit_rows=slice(-1, None))
+        first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
+        if self.context is not None:
+            self.context.append(out.features, positions)
+        self.prefix_len = len(self.prompt_ids)
+        self.anchor = first[0]
+        self._append([int(first[0])])
+        self.prefill_seconds = _now(self.device) - t0
+        self.next_stage = "done" if self.finished else ("verify" if self.drafter is None else "draft")
+        if self.drafter is None and not self.finished:
+            self.tree = Tree.root_only(self.anchor)
+        return PrefillRecord(len(self.prompt_ids), int(first[0]), self.prefill_seconds)
+
+    @torch.inference_mode()
+    def draft(self) -> DraftRecord:
+        s = self.settings
+        t0 = _now(self.device)
+        self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
+                                 s.depth, s.candidates)
+        corrector = PathCorrector(self.drafter, self.target, self.block)
+        if s.method == "ddtree":
+            self.builder = None
+        else:
+            keep = {"chain": width_schedule(1), "dartree": width_schedule(s.width),
+                    "dartree-fixed": fixed_quota_schedule(s.budget, s.depth)}[s.method]
+            self.builder = DepthwiseBuilder(self.block.draft, corrector, keep, s.depth)
+        seconds = _now(self.device) - t0
+        self.round_seconds["draft"] += seconds
+        self.next_stage = "depth"
+        d = self.block.draft
+        return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp, seconds)
+
+    @torch.inference_mode()
+    def expand(self):
+        """One depth of the tree (ddtree builds its whole heap in this one step)."""
+        t0 = _now(self.device)
+        if self.builder is None:
+            self.supertree = ddtree_heap(self.block.draft, self.settings.budget, self.settings.depth)
+            seconds = _now(self.device) - t0
+            self.round_seconds["tree"] += seconds
+            self.next_stage = "prune"
+            t = self.supertree
+            return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, None, self.settings.budget,
+                              seconds, stage="depth")
+        exp = self.builder.step()
+        if self.builder.done:
+            self.supertree = self.builder.tree()
+            self.next_stage = "prune"
+        seconds = _now(self.device) - t0
+        self.round_seconds["tree"] += seconds
+        return DepthRecord(self.round, exp.depth, exp.frontier, exp.parent, exp.token, exp.marginal_lp,
+                           exp.corrected_lp, exp.score, exp.rank, exp.survived, exp.node_index, seconds)
+
+    @torch.inference_mode()
+    def prune(self) -> TreeRecord:
+        """DARTree's deferred top-B pruning; the other builders already respect their budget."""
+        t0 = _now(self.device)
+        if self.settings.method == "dartree":
+            self.tree, kept = prune_top_b(self.supertree, self.settings.budget)
+        else:
+            self.tree, kept = self.supertree, None
+        seconds = _now(self.device) - t0
+        self.round_seconds["tree"] += seconds
+        self.next_stage = "verify"
+        t = self.tree
+        return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, kept, self.settings.budget, seconds)
+
+    @torch.inference_mode()
+    def verify(self) -> VerifyRecord:
+        t0 = _now(self.device)
+        tree = self.tree
+        self.verification = verify_tree(self.target, tree, self.cache, self.prefix_len, self.feature_layers)
+        self.walk = walk_tree(tree, self.verification, self.settings.temperature, self.settings.top_p, self.generator)
+        bonus = int(self.walk.bonus)  # the one host sync of a round: the path's length decides the commit
+        seconds = _now(self.device) - t0
+        self.round_seconds["verify"] += seconds
+        self.next_stage = "commit"
+        w = self.walk
+        return VerifyRecord(self.round, self.prefix_len, tree.tokens, tree.parents, tree.depths,
+                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, seconds)
+
+    @torch.inference_mode()
+    def commit(self) -> CommitRecord:
+        t0 = _now(self.device)
+        path, tree = self.walk.path, self.tree
+        proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
+        committed = self._append(proposed)
+        accepted = min(len(committed), len(proposed) - 1)
+        if self.finished is None:
+            if self.context is not None:
+                feats = self.verification.features[path]
+                self.context.append(feats, tree.depths[path] + self.prefix_len)
+            self.prefix_len = compact_cache(self.cache, self.prefix_len, path)
+            self.anchor = self.walk.bonus
+        seconds = _now(self.device) - t0
+        self.round_seconds["commit"] += seconds
+        record = CommitRecord(self.round, committed, accepted, self.prefix_len, self.finished, seconds)
+        self.rounds.append(RoundRecord(self.round, tree.num_nodes, len(committed), dict(self.round_seconds)))
+        self.round += 1
+        self._reset_round()
+        if self.finished:
+            self.next_stage = "done"
+        elif self.drafter is None:
+            self.tree = Tree.root_only(self.anchor)
+            self.next_stage = "verify"
+        else:
+            self.next_stage = "draft"
+        return record
+
+    def run_round(self) -> list:
+        """Finish the current round (from whatever stage it is at) and return its records."""
+        records = []
+        if self.next_stage == "prefill":
+            records.append(self.prefill())
+        while self.next_stage not in ("done",):
+            records.append(self.step())
+            if records[-1].stage == "commit":
+                break
+        return records
+
+    def run(self) -> GenerationResult:
+        """Run to the end; returns the result with per-stage timings."""
+        if self.next_stage == "prefill":
+            self.prefill()
+        while self.next_stage != "done":
+            self.step()
+        return self.result()
+
+    def result(self) -> GenerationResult:
+        stage_seconds = {k: sum(r.seconds.get(k, 0.0) for r in self.rounds) for k in ("draft", "tree", "verify", "commit")}
+        decode = sum(stage_seconds.values())
+        committed_by_rounds = sum(r.committed for r in self.rounds)
+        tau = committed_by_rounds / len(self.rounds) if self.rounds else 0.0
+        return GenerationResult(
+            prompt_ids=self.prompt_ids, token_ids=list(self.output), text=self.target.decode(self.output)
+            if self.target.tokenizer is not None else "", rounds=len(self.rounds), tau=tau,
+            prefill_seconds=self.prefill_seconds, decode_seconds=decode, stage_seconds=stage_seconds,
+            finished=self.finished, settings=asdict(self.settings), round_records=list(self.rounds))
+
+
+def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings) -> GenerationResult:
+    """Decode one prompt to the end with the given method."""
+    return Decoder(target, drafter, prompt_ids, settings).run()

@@ -1,0 +1,1 @@
+"""Model loading: the target LLM and the Domino-format drafter."""

@@ -1,0 +1,388 @@
+"""The Domino-format drafter: a block-parallel (DFlash-style) backbone plus a GRU correction head.
+
+Checkpoint layout (the public one, so `Huang2020/Qwen3-4B-Domino-b16` loads through this same code):
+``config.json`` is a Qwen3-style config with ``block_size``, ``num_target_layers`` and a ``dflash_config``
+(``target_layer_ids``, ``mask_token_id``, ``projector_type: "domino"``, ``emb_dim``, ``gru_hidden_dim``,
+``pure_draft_prefix_len``); weights are safetensors named ``layers.*``, ``fc``, ``hidden_norm``, ``norm``,
+``prefix_gru`` (one layer, no bias) and ``embed_proj.0`` / ``embed_proj.2``.
+
+Backbone: the target's hidden states at ``target_layer_ids`` are concatenated, projected by ``fc`` and
+normalised by ``hidden_norm``; every drafter layer turns them into context keys and values. The block
+[anchor, MASK, ..., MASK] attends to [context ; block], bidirectionally inside the block, so one pass
+gives hidden states z_1..z_{K-1} for the K-1 future positions. The drafter has no embedding or LM head
+of its own: it uses the target's.
+
+Correction head: a GRU runs over the target embeddings of the tokens chosen along a path (the anchor
+first). The logits at block position i are ``base_i + embed_proj.2(SiLU(embed_proj.0([z_i ; s_i])))``
+where s_i is the GRU state after the anchor and the path's tokens at depths 1..i-1. Positions
+``i <= pure_draft_prefix_len`` use the base logits only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UserError
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+REQUIRED_DFLASH_KEYS = ("target_layer_ids", "mask_token_id")
+
+
+def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
+    """Evenly spaced target layers from the second to the fourth-from-last (the DFlash convention)."""
+    if count == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (count - 1))) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """The fields of the Qwen3-style config that the drafter reads; `raw` keeps the rest for saving."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    block_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    mask_token_id: int
+    projector_type: str | None
+    emb_dim: int
+    gru_hidden_dim: int
+    pure_draft_prefix_len: int
+    raw: dict
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DrafterConfig":
+        try:
+            dcfg = raw.get("dflash_config") or {}
+            missing = [k for k in REQUIRED_DFLASH_KEYS if k not in dcfg]
+            if missing:
+                raise KeyError(f"dflash_config.{missing[0]}")
+            rope = raw.get("rope_parameters") or {}
+            theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+            heads = int(raw["num_attention_heads"])
+            projector = dcfg.get("projector_type")
+            if projector not in (None, "domino"):
+                raise UserError(f"drafter projector_type {projector!r} is not supported (only 'domino' or none)")
+            return cls(
+                hidden_size=int(raw["hidden_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads", heads)),
+                head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+                intermediate_size=int(raw["intermediate_size"]),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(theta),
+                vocab_size=int(raw["vocab_size"]),
+                block_size=int(raw["block_size"]),
+                num_target_layers=int(raw["num_target_layers"]),
+                target_layer_ids=tuple(int(i) for i in dcfg["target_layer_ids"]),
+                mask_token_id=int(dcfg["mask_token_id"]),
+                projector_type=projector,
+                emb_dim=int(dcfg.get("emb_dim", 0)),
+                gru_hidden_dim=int(dcfg.get("gru_hidden_dim", 0)),
+                pure_draft_prefix_len=int(dcfg.get("pure_draft_prefix_len", 0)),
+                raw=raw,
+            )
+        except KeyError as exc:
+            raise UserError(f"drafter config.json lacks the field {exc.args[0]}") from exc
+
+    @property
+    def has_correction(self) -> bool:
+        return self.projector_type == "domino"
+
+
+def make_config(*, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int,
+                vocab_size: int, num_target_layers: int, target_layer_ids, mask_token_id: int,
+                num_layers: int = 2, block_size: int = 8, emb_dim: int = 128, gru_hidden_dim: int = 256,
+                pure_draft_prefix_len: int = 0, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6,
+                max_position_embeddings: int = 8192, correction: bool = True) -> dict:
+    """A config.json dict in the public Domino layout (Qwen3-style with a dflash_config)."""
+    dflash = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
+    if correction:
+        dflash.update(projector_type="domino", emb_dim=emb_dim, gru_hidden_dim=gru_hidden_dim,
+                      pure_draft_prefix_len=pure_draft_prefix_len)
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
+        "hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads, "head_dim": head_dim, "intermediate_size": intermediate_size,
+        "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta, "vocab_size": vocab_size,
+        "max_position_embeddings": max_position_embeddings, "attention_bias": False, "tie_word_embeddings": False,
+        "block_size": block_size, "num_target_layers": num_target_layers, "dflash_config": dflash,
+    }
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables [..., n, head_dim] for integer positions (Llama/Qwen 'default' RoPE)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, n, d]; cos/sin [b, n, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class DrafterAttention(nn.Module):
+    """Queries from the block; keys/values from [context ; block]; no causal mask inside the block."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotated keys and values [b, kv_heads, n, d] of rows x [b, n, h]."""
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, n, -1, self.cfg.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, -1, self.cfg.head_dim).transpose(1, 2)
+        return apply_rotary(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask):
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, n, -1, self.cfg.head_dim)).transpose(1, 2)
+        q = apply_rotary(q, cos, sin)
+        k_blk, v_blk = self.keys_values(x, cos, sin)
+        k = torch.cat([ctx_k, k_blk], dim=2)
+        v = torch.cat([ctx_v, v_blk], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg)
+        self.mlp = DrafterMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, attn_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, attn_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DominoDrafter(nn.Module):
+    """Block-parallel drafter with an optional Domino GRU correction head (see the module docstring)."""
+
+    def __init__(self, config: dict | DrafterConfig):
+        super().__init__()
+        cfg = config if isinstance(config, DrafterConfig) else DrafterConfig.from_dict(config)
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_layers))
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        if cfg.has_correction:
+            self.prefix_gru = nn.GRU(input_size=h, hidden_size=cfg.gru_hidden_dim, num_layers=1,
+                                     batch_first=True, bias=False)
+            self.embed_proj = nn.Sequential(
+                nn.Linear(h + cfg.gru_hidden_dim, cfg.emb_dim, bias=False),
+                nn.SiLU(),
+                nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False),
+            )
+        self.reset_parameters()
+
+    # ---------------------------------------------------------------- construction and checkpoints
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Normal(0, std) linears and unit norms, like a fresh HF model; reproducible under a seed."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+            elif isinstance(module, nn.GRU):
+                for p in module.parameters():
+                    nn.init.uniform_(p, -1 / math.sqrt(module.hidden_size), 1 / math.sqrt(module.hidden_size))
+
+    @property
+    def block_size(self) -> int:
+        return self.cfg.block_size
+
+    @property
+    def max_depth(self) -> int:
+        """Number of future positions one block drafts (the anchor occupies slot 0)."""
+        return self.cfg.block_size - 1
+
+    def save_pretrained(self, folder: str | Path, dtype: torch.dtype = torch.bfloat16, extra_config: dict | None = None):
+        """Write config.json and model.safetensors in the public layout (16-bit by default)."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        raw = dict(self.cfg.raw)
+        raw["torch_dtype"] = str(dtype).replace("torch.", "")
+        if extra_config:
+            raw.update(extra_config)
+        state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        (folder / CONFIG_NAME).write_text(json.dumps(raw, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, device="cpu", dtype: torch.dtype = torch.float32) -> "DominoDrafter":
+        """Load a checkpoint folder (or a hub id, where a hub is reachable). Never falls back to random weights."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        folder = Path(name_or_path).expanduser()
+        if not folder.exists():
+            text = str(name_or_path)
+            if text.count("/") != 1 or text.startswith(("/", ".", "~")):
+                raise UserError(f"drafter checkpoint {name_or_path} does not exist")
+            try:
+                from huggingface_hub import snapshot_download
+                folder = Path(snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors"]))
+            except Exception as exc:  # hub unreachable, unknown repo, ...
+                raise UserError(f"could not fetch drafter {name_or_path!r}: {exc}") from exc
+        config_path = folder / CONFIG_NAME
+        if not config_path.is_file():
+            raise UserError(f"drafter folder {folder} has no {CONFIG_NAME}")
+        try:
+            raw = json.loads(config_path.read_text())
+        except ValueError as exc:
+            raise UserError(f"drafter {config_path} is not valid JSON: {exc}") from exc
+        model = cls(raw)
+        shards = sorted(folder.glob("*.safetensors"))
+        if not shards:
+            raise UserError(f"drafter folder {folder} has no safetensors weights")
+        state = {}
+        try:
+            for shard in shards:
+                state.update(load_file(str(shard)))
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise UserError(f"drafter weights in {folder} are unreadable (corrupt file?): {exc}") from exc
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise UserError(f"drafter weights in {folder} do not match its config: "
+                            f"missing {missing[:4]}, unexpected {unexpected[:4]}")
+        for key, tensor in state.items():
+            if tensor.shape != expected[key].shape:
+                raise UserError(f"drafter weight {key} has shape {tuple(tensor.shape)}, "
+                                f"config implies {tuple(expected[key].shape)}")
+        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+        return model.to(device=device, dtype=dtype).eval()
+
+    def check_matches(self, target) -> None:
+        """Refuse a drafter built for another target: wrong sizes would silently give garbage drafts."""
+        cfg = self.cfg
+        problems = []
+        if cfg.hidden_size != target.hidden_size:
+            problems.append(f"hidden size {cfg.hidden_size} vs target {target.hidden_size}")
+        if cfg.vocab_size != target.vocab_size:
+            problems.append(f"vocabulary {cfg.vocab_size} vs target {target.vocab_size}")
+        if max(cfg.target_layer_ids) >= target.num_layers:
+            problems.append(f"layer ids {list(cfg.target_layer_ids)} vs {target.num_layers} target layers")
+        if not 0 <= cfg.mask_token_id < target.vocab_size:
+            problems.append(f"mask token id {cfg.mask_token_id} outside the vocabulary")
+        if problems:
+            raise UserError("the drafter does not fit this target: " + "; ".join(problems))
+
+    # ---------------------------------------------------------------- backbone
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated target hidden states [..., L*h] -> the drafter's context rows [..., h]."""
+        return self.hidden_norm(self.fc(features))
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
+        """Per-layer context keys/values [b, kv_heads, n, d] for target features [b, n, L*h] at positions [b, n].
+
+        They depend only on the committed context, so the decoder computes them once per committed
+        token and keeps them, instead of re-projecting the whole prefix every round.
+        """
+        ctx = self.project_features(features)
+        cos, sin = rotary(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
+        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+
+    def block_hidden(self, block_embeds: torch.Tensor, block_positions: torch.Tensor, ctx_kv, attn_mask=None):
+        """Final-normed hidden states [b, K, h] of a block whose rows attend to their context and each other.
+
+        `attn_mask` (bool or additive, [b, 1, K, n_ctx + K]) is needed only in training, where many
+        blocks of one sequence share a context; at inference every block row sees everything.
+        """
+        cos, sin = rotary(block_positions, self.cfg.head_dim, self.cfg.rope_theta, block_embeds.dtype)
+        x = block_embeds
+        for layer, (ck, cv) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, ck, cv, attn_mask)
+        return self.norm(x)
+
+    # ---------------------------------------------------------------- correction head
+    def initial_state(self, n: int, device, dtype) -> torch.Tensor:
+        return torch.zeros(n, max(self.cfg.gru_hidden_dim, 1), device=device, dtype=dtype)
+
+    def gru_step(self, token_embeds: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Advance the path states [n, g] by one chosen token each (embeds [n, h]); identity without a head."""
+        if not self.cfg.has_correction:
+            return state
+        _, h = self.prefix_gru(token_embeds[:, None, :], state[None].contiguous())
+        return h[0]
+
+    def gru_scan(self, token_embeds: torch.Tensor) -> torch.Tensor:
+        """States after each prefix of a whole path at once (training): embeds [b, n, h] -> [b, n, g]."""
+        out, _ = self.prefix_gru(token_embeds)
+        return out
+
+    def correction(self, z: torch.Tensor, state: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logit residual embed_proj(SiLU-MLP([z ; s])); only the `columns` (candidate ids) when given.
+
+        z and state broadcast against each other on leading dims. Restricting to the top-C candidate
+        columns turns a [n, emb] x [emb, vocab] product into [n, emb] x [emb, C].
+        """
+        lead = torch.broadcast_shapes(z.shape[:-1], state.shape[:-1])
+        joined = torch.cat([z.expand(*lead, z.shape[-1]), state.expand(*lead, state.shape[-1])], dim=-1)
+        hidden = F.silu(self.embed_proj[0](joined))
+        weight = self.embed_proj[2].weight
+        if columns is None:
+            return hidden @ weight.T
+        return hidden @ weight[columns].T

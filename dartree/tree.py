@@ -1,0 +1,266 @@
+"""Draft trees and the builders that grow them, as batched tensor code.
+
+A `Tree` lists its nodes in topological order (a parent always precedes its children). Node 0 is the
+root: the anchor token, already committed but not yet seen by the target. Node scores are path
+log-scores (0 at the root); since every log-prob is <= 0, scores never rise along a path.
+
+Builders, one per method the app compares:
+- `DepthwiseBuilder`: expands every frontier node of a depth in one batched call and keeps the
+  global best children. With `keep = W` at every depth it builds DARTree's W-wide supertree; with
+  `fixed_quota_schedule(B, D)` it is `dartree-fixed`; with W = 1 it is the single draft `chain`.
+- `prune_top_b`: DARTree's deferred best-first pruning of the supertree to a budget B.
+- `ddtree_heap`: DDTree's exact best-first heap over the uncorrected marginals.
+
+Scores come from a `Draft` (one drafter pass: the top-C candidates per position with their base logits)
+and a corrector (the GRU head; see dartree.draft). Nothing here knows about models or files.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class Tree:
+    """Tokens, parents, depths and path scores of a draft tree, node 0 being the root."""
+
+    tokens: torch.Tensor  # [N] long
+    parents: torch.Tensor  # [N] long, -1 at the root
+    depths: torch.Tensor  # [N] long, 0 at the root
+    scores: torch.Tensor  # [N] float, 0 at the root
+    max_depth: int  # deepest depth the builder may have produced (host int: no sync to read it)
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes excluding the root (the verification budget they use)."""
+        return int(self.tokens.shape[0]) - 1
+
+    def subset(self, keep: torch.Tensor) -> "Tree":
+        """The nodes at sorted indices `keep` (which must contain 0 and be ancestor-closed), re-indexed."""
+        remap = torch.full_like(self.parents, -1)
+        remap[keep] = torch.arange(keep.shape[0], device=keep.device)
+        parents = self.parents[keep]
+        new_parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
+        return Tree(self.tokens[keep], new_parents, self.depths[keep], self.scores[keep], self.max_depth)
+
+    @staticmethod
+    def root_only(anchor: torch.Tensor) -> "Tree":
+        dev = anchor.device
+        return Tree(anchor.reshape(1).long(), torch.full((1,), -1, dtype=torch.long, device=dev),
+                    torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(1, device=dev), 0)
+
+
+@dataclass
+class Draft:
+    """What one drafter pass offers the tree builders, for depths 1..D (row d-1 is depth d)."""
+
+    anchor: torch.Tensor  # [] long: the root token
+    cand_tokens: torch.Tensor  # [D, C] top-C token ids by base logit, best first
+    cand_base_logits: torch.Tensor  # [D, C] base logits of those tokens
+    cand_marginal_lp: torch.Tensor  # [D, C] full-vocabulary log-softmax of the base logits
+
+    @property
+    def depth(self) -> int:
+        return int(self.cand_tokens.shape[0])
+
+    @property
+    def num_candidates(self) -> int:
+        return int(self.cand_tokens.shape[1])
+
+
+class Corrector(Protocol):
+    """The causal correction head seen by the builders: path states and logit residuals."""
+
+    def root_state(self) -> torch.Tensor:  # [1, g]: state after the anchor
+        ...
+
+    def residual(self, depth: int, states: torch.Tensor) -> torch.Tensor | None:  # [F, C] or None
+        ...
+
+    def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> torch.Tensor:  # [F, g]
+        ...
+
+
+class NoCorrection:
+    """Corrector of a drafter without a head: the builders then score with the marginals alone."""
+
+    def root_state(self) -> torch.Tensor:
+        return torch.zeros(1, 1)
+
+    def residual(self, depth: int, states: torch.Tensor):
+        return None
+
+    def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        return states
+
+
+@dataclass
+class DepthExpansion:
+    """Every candidate child examined at one depth, in frontier-major order (F frontier nodes x C)."""
+
+    depth: int
+    frontier: torch.Tensor  # [F] node indices being expanded
+    parent: torch.Tensor  # [F*C] node index of each candidate's parent
+    token: torch.Tensor  # [F*C]
+    marginal_lp: torch.Tensor  # [F*C] log-softmax of the base logits over the top-C support
+    corrected_lp: torch.Tensor  # [F*C] log-softmax of base + residual over the same support
+    score: torch.Tensor  # [F*C] parent score + corrected_lp
+    rank: torch.Tensor  # [F*C] 0 = best candidate of this depth
+    survived: torch.Tensor  # [F*C] bool: kept by the global cut
+    node_index: torch.Tensor  # [F*C] index of the new node when survived, else -1
+    keep: int  # how many survived
+
+
+def fixed_quota_schedule(budget: int, depth: int):
+    """dartree-fixed: at depth d keep ceil(remaining / remaining depths) nodes of the budget B."""
+    state = {"remaining": budget}
+
+    def keep(d: int, available: int) -> int:
+        quota = math.ceil(state["remaining"] / (depth - d + 1))
+        kept = min(quota, available)
+        state["remaining"] -= kept
+        return kept
+
+    return keep
+
+
+def width_schedule(width: int):
+    """DARTree's supertree (and, with width 1, the chain): keep the global top-W at every depth."""
+    return lambda d, available: min(width, available)
+
+
+class DepthwiseBuilder:
+    """Grow a tree depth by depth; each depth is one batched expansion of the whole frontier.
+
+    At depth d the F frontier nodes each take the C candidates of position d. A candidate's corrected
+    log-prob is the log-softmax over the support of (base logit + the head's residual for that node's
+    path); its score is the parent's score plus that. The global best `keep(d, F*C)` candidates
+    survive, and the GRU states of the survivors are advanced by their tokens for the next depth.
+    No host synchronisation happens inside a depth: keep counts are host ints.
+    """
+
+    def __init__(self, draft: Draft, corrector: Corrector, keep, depth: int | None = None):
+        self.draft = draft
+        self.corrector = corrector
+        self.keep = keep
+        self.depth = draft.depth if depth is None else min(depth, draft.depth)
+        dev = draft.cand_tokens.device
+        self._tokens = [draft.anchor.reshape(1).long()]
+        self._parents = [torch.full((1,), -1, dtype=torch.long, device=dev)]
+        self._depths = [torch.zeros(1, dtype=torch.long, device=dev)]
+        self._scores = [torch.zeros(1, dtype=draft.cand_base_logits.dtype, device=dev)]
+        self._size = 1
+        self.frontier = torch.zeros(1, dtype=torch.long, device=dev)
+        self.frontier_scores = self._scores[0]
+        self.frontier_states = corrector.root_state()
+        self.current_depth = 0
+
+    @property
+    def done(self) -> bool:
+        return self.current_depth >= self.depth or self.frontier.shape[0] == 0
+
+    def step(self) -> DepthExpansion:
+        """Expand the next depth."""
+        d = self.current_depth + 1
+        draft = self.draft
+        frontier = self.frontier
+        n_frontier, n_cand = int(self.frontier.shape[0]), draft.num_candidates
+        base = draft.cand_base_logits[d - 1]  # [C]
+        marginal = torch.log_softmax(base, dim=-1).expand(n_frontier, n_cand)
+        residual = self.corrector.residual(d, self.frontier_states)
+        corrected = marginal if residual is None else torch.log_softmax(base + residual, dim=-1)
+        score = (self.frontier_scores[:, None] + corrected).reshape(-1)
+        order = torch.sort(score, descending=True, stable=True).indices
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.shape[0], device=order.device)
+        keep = self.keep(d, n_frontier * n_cand)
+        kept = order[:keep]
+        survived = torch.zeros_like(score, dtype=torch.bool)
+        survived[kept] = True
+        node_index = torch.full_like(order, -1)
+        node_index[kept] = torch.arange(self._size, self._size + keep, device=order.device)
+
+        parent_slot = kept // n_cand
+        tokens = draft.cand_tokens[d - 1].repeat(n_frontier)
+        parents_all = self.frontier.repeat_interleave(n_cand)
+        new_tokens = tokens[kept]
+        self._tokens.append(new_tokens)
+        self._parents.append(self.frontier[parent_slot])
+        self._depths.append(torch.full((keep,), d, dtype=torch.long, device=order.device))
+        self._scores.append(score[kept])
+        if d < self.depth:
+            self.frontier_states = self.corrector.advance(new_tokens, self.frontier_states[parent_slot])
+        self.frontier = node_index[kept]
+        self.frontier_scores = score[kept]
+        self._size += keep
+        self.current_depth = d
+        return DepthExpansion(
+            depth=d, frontier=frontier, parent=parents_all, token=tokens,
+            marginal_lp=marginal.reshape(-1), corrected_lp=corrected.reshape(-1), score=score, rank=rank,
+            survived=survived, node_index=node_index, keep=keep,
+        )
+
+    def run(self) -> list[DepthExpansion]:
+        steps = []
+        while not self.done:
+            steps.append(self.step())
+        return steps
+
+    def tree(self) -> Tree:
+        return Tree(torch.cat(self._tokens), torch.cat(self._parents), torch.cat(self._depths),
+                    torch.cat(self._scores), self.current_depth)
+
+
+def prune_top_b(tree: Tree, budget: int) -> tuple[Tree, torch.Tensor]:
+    """Deferred best-first pruning: the root plus the `budget` best-scoring nodes.
+
+    Scores never rise along a path, so the best-B set is closed under taking parents; on equal scores
+    the stable sort over the topological order puts parents first, which keeps it closed under ties.
+    Returns the pruned tree and the kept node indices (sorted, into `tree`).
+    """
+    n = tree.num_nodes
+    if budget >= n:
+        keep = torch.arange(n + 1, device=tree.tokens.device)
+        return tree, keep
+    order = torch.sort(tree.scores[1:], descending=True, stable=True).indices + 1
+    keep = torch.cat([torch.zeros(1, dtype=torch.long, device=order.device), order[:budget]]).sort().values
+    return tree.subset(keep), keep
+
+
+def ddtree_heap(draft: Draft, budget: int, depth: int | None = None) -> Tree:
+    """DDTree: the exact top-`budget` nodes under path score = sum of marginal log-probs.
+
+    The marginals do not depend on the path, so a node's best unexplored relatives are its next sibling
+    (same parent, next rank) and its first child (rank 0 one depth down). Popping the best from a heap
+    of those B times yields the exact best-B set, in an order where parents precede children. The
+    heap runs on the host (one copy of the [D, C] marginals), as in the DDTree reference.
+    """
+    depth = draft.depth if depth is None else min(depth, draft.depth)
+    lp = draft.cand_marginal_lp[:depth].double().cpu().tolist()
+    toks = draft.cand_tokens[:depth].cpu().tolist()
+    n_cand = draft.num_candidates
+    tokens, parents, depths, scores = [int(draft.anchor)], [-1], [0], [0.0]
+    heap = [(-lp[0][0], 0, 1, 0, 0)] if depth >= 1 else []  # (-score, tiebreak, depth, rank, parent)
+    counter = 1
+    while heap and len(tokens) <= budget:
+        neg, _, d, r, parent = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(toks[d - 1][r])
+        parents.append(parent)
+        depths.append(d)
+        scores.append(-neg)
+        if r + 1 < n_cand:
+            heapq.heappush(heap, (-(scores[parent] + lp[d - 1][r + 1]), counter, d, r + 1, parent))
+            counter += 1
+        if d < depth:
+            heapq.heappush(heap, (-(-neg + lp[d][0]), counter, d + 1, 0, node))
+            counter += 1
+    dev = draft.cand_tokens.device
+    return Tree(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev),
+                torch.tensor(depths, device=dev),
+                torch.tensor(scores, dtype=draft.cand_base_logits.dtype, device=dev), depth)

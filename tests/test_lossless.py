@@ -1,0 +1,106 @@
+"""Greedy output of every method equals plain decoding on the real SmolLM2 target (fp32).
+
+Correctness must not depend on the drafter being good: these run with a random drafter, and with an
+"oracle" tree that contains the true continuation so that long accepted paths cross EOS and
+max_new_tokens inside one round.
+"""
+
+import pytest
+import torch
+
+from dartree import TREE_METHODS
+from dartree.engine import Decoder, DecodeSettings, generate
+from dartree.tree import Tree
+
+pytestmark = pytest.mark.real
+
+PROMPTS = ["What is 12 times 7?", "Write a Python function that reverses a string.",
+           "Give me two tips for sleeping better."]
+
+
+@pytest.fixture(scope="module")
+def references(real_models):
+    target = real_models.target
+    out = {}
+    for p in PROMPTS:
+        ids = target.chat_ids(p)
+        out[p] = (ids, generate(target, None, ids, DecodeSettings(method="ar", max_new_tokens=24)).token_ids)
+    return out
+
+
+def test_ar_equals_transformers_generate(real_models, references):
+    target = real_models.target
+    ids, ref = references[PROMPTS[0]]
+    hf = target.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+    assert ref == hf[:len(ref)]
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_every_method_equals_ar_with_a_random_drafter(real_models, references, method):
+    for prompt, (ids, ref) in references.items():
+        settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24)
+        got = generate(real_models.target, real_models.drafter, ids, settings)
+        assert got.token_ids == ref, prompt
+
+
+def oracle_tree(anchor: int, future: list[int], distractors: int = 2) -> Tree:
+    """Root -> the true next tokens as one chain, plus wrong siblings at every depth."""
+    tokens, parents, depths = [anchor], [-1], [0]
+    parent = 0
+    for d, tok in enumerate(future, start=1):
+        for j in range(distractors):
+            tokens.append((tok + 101 + j) % 49000)
+            parents.append(parent)
+            depths.append(d)
+        tokens.append(tok)
+        parents.append(parent)
+        depths.append(d)
+        parent = len(tokens) - 1
+    n = len(tokens)
+    return Tree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), torch.zeros(n), max(depths))
+
+
+def decode_with_oracle(models, ids, reference, max_new_tokens, depth=6, pad_tokens=(13, 14, 15, 16, 17, 18)):
+    """Run the real Decoder, but verify oracle trees; returns the decoder after it finishes."""
+    dec = Decoder(models.target, models.drafter, ids, DecodeSettings(method="dartree", max_new_tokens=max_new_tokens))
+    while dec.next_stage != "done":
+        if dec.next_stage == "verify":
+            n = len(dec.output)
+            future = (reference[n:] + list(pad_tokens))[:depth]  # past the end: tokens beyond EOS/limit
+            dec.tree = oracle_tree(dec.output[-1], future)
+        dec.step()
+    return dec
+
+
+def test_eos_inside_an_accepted_path_stops_exactly(real_models):
+    target = real_models.target
+    ids = target.chat_ids("Reply with only the word yes.")
+    ref = generate(target, None, ids, DecodeSettings(method="ar", max_new_tokens=64))
+    assert ref.finished == "eos" and ref.token_ids[-1] in target.eos_token_ids
+    dec = decode_with_oracle(real_models, ids, ref.token_ids, 64)
+    assert dec.output == ref.token_ids
+    assert dec.finished == "eos"
+    assert max(r.committed for r in dec.rounds) > 1  # long paths were accepted
+    last = dec.rounds[-1]
+    assert last.committed < 7  # the final round's accepted path was cut at EOS
+
+
+def test_max_new_tokens_inside_an_accepted_path_stops_exactly(real_models, references):
+    ids, ref = references[PROMPTS[1]]
+    for limit in (5, 9, 13):
+        dec = decode_with_oracle(real_models, ids, ref, limit)
+        assert dec.output == ref[:limit]
+        assert dec.finished == "length"
+        assert len(dec.output) == limit
+
+
+def test_cache_holds_only_prefix_and_committed_tokens(real_models, references):
+    ids, ref = references[PROMPTS[2]]
+    dec = Decoder(real_models.target, real_models.drafter, ids, DecodeSettings(method="dartree", max_new_tokens=20))
+    dec.prefill()
+    while dec.next_stage != "done":
+        rec = dec.step()
+        if rec.stage == "commit" and not rec.finished:
+            assert dec.cache.get_seq_length() == len(ids) + len(dec.output) - 1  # the anchor is not cached yet
+        if rec.stage == "verify":
+            assert dec.cache.get_seq_length() == dec.prefix_len + dec.tree.num_nodes + 1
