@@ -75,7 +75,7 @@ class PathCorrector:
 
     def root_state(self) -> torch.Tensor:
         anchor = self.block.draft.anchor.reshape(1)
-        state = self.drafter.initial_state(1, anchor.device, self.dtype)
+        state = self.drafter.initial_state(1, anchor.device)
         return self.drafter.gru_step(self._embed(anchor), state) if self.active else state
 
     def residual(self, depth: int, states: torch.Tensor):

@@ -108,3 +108,18 @@ def test_a_drafter_for_another_target_is_refused():
 def test_target_layer_ids_follow_the_dflash_spacing():
     assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-4B's DFlash drafters
     assert build_target_layer_ids(30, 5) == [1, 8, 14, 20, 27]
+
+
+def test_half_precision_models_run_with_an_fp32_gru():
+    """The CUDA path runs target and drafter in bf16; the GRU stays fp32. Exercised here on CPU."""
+    import dataclasses
+    from dartree.engine import DecodeSettings, generate
+
+    target = tiny_target()
+    target.model.to(torch.bfloat16)
+    target = dataclasses.replace(target, dtype=torch.bfloat16, eos_token_ids=())
+    drafter = tiny_drafter(target).to(torch.bfloat16).keep_gru_fp32()
+    assert drafter.gru_dtype == torch.float32 and drafter.fc.weight.dtype == torch.bfloat16
+    res = generate(target, drafter, [3, 4, 5], DecodeSettings(method="dartree", width=3, budget=8, candidates=8,
+                                                              max_new_tokens=10))
+    assert res.new_tokens == 10

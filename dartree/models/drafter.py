@@ -34,6 +34,7 @@ from ..errors import UserError
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 REQUIRED_DFLASH_KEYS = ("target_layer_ids", "mask_token_id")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed here
 
 
 def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
@@ -299,7 +300,7 @@ class DominoDrafter(nn.Module):
         state = {}
         try:
             for shard in shards:
-                state.update(load_file(str(shard)))
+                state.update({k: v for k, v in load_file(str(shard)).items() if not k.endswith(IGNORED_SUFFIXES)})
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise UserError(f"drafter weights in {folder} are unreadable (corrupt file?): {exc}") from exc
         expected = model.state_dict()
@@ -313,7 +314,7 @@ class DominoDrafter(nn.Module):
                 raise UserError(f"drafter weight {key} has shape {tuple(tensor.shape)}, "
                                 f"config implies {tuple(expected[key].shape)}")
         model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
-        return model.to(device=device, dtype=dtype).eval()
+        return model.to(device=device, dtype=dtype).keep_gru_fp32().eval()
 
     def check_matches(self, target) -> None:
         """Refuse a drafter built for another target: wrong sizes would silently give garbage drafts."""
@@ -358,19 +359,30 @@ class DominoDrafter(nn.Module):
         return self.norm(x)
 
     # ---------------------------------------------------------------- correction head
-    def initial_state(self, n: int, device, dtype) -> torch.Tensor:
-        return torch.zeros(n, max(self.cfg.gru_hidden_dim, 1), device=device, dtype=dtype)
+    @property
+    def gru_dtype(self) -> torch.dtype:
+        """The GRU runs in fp32 even in a bf16 model: it is tiny, and half-precision RNN kernels vary by device."""
+        return self.prefix_gru.weight_hh_l0.dtype if self.cfg.has_correction else torch.float32
+
+    def keep_gru_fp32(self) -> "DominoDrafter":
+        if self.cfg.has_correction:
+            self.prefix_gru.float()
+        return self
+
+    def initial_state(self, n: int, device, dtype=None) -> torch.Tensor:
+        return torch.zeros(n, max(self.cfg.gru_hidden_dim, 1), device=device, dtype=self.gru_dtype)
 
     def gru_step(self, token_embeds: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """Advance the path states [n, g] by one chosen token each (embeds [n, h]); identity without a head."""
         if not self.cfg.has_correction:
             return state
-        _, h = self.prefix_gru(token_embeds[:, None, :], state[None].contiguous())
+        x = token_embeds.to(self.gru_dtype)[:, None, :]
+        _, h = self.prefix_gru(x, state.to(self.gru_dtype)[None].contiguous())
         return h[0]
 
     def gru_scan(self, token_embeds: torch.Tensor) -> torch.Tensor:
         """States after each prefix of a whole path at once (training): embeds [b, n, h] -> [b, n, g]."""
-        out, _ = self.prefix_gru(token_embeds)
+        out, _ = self.prefix_gru(token_embeds.to(self.gru_dtype))
         return out
 
     def correction(self, z: torch.Tensor, state: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
@@ -380,7 +392,8 @@ class DominoDrafter(nn.Module):
         columns turns a [n, emb] x [emb, vocab] product into [n, emb] x [emb, C].
         """
         lead = torch.broadcast_shapes(z.shape[:-1], state.shape[:-1])
-        joined = torch.cat([z.expand(*lead, z.shape[-1]), state.expand(*lead, state.shape[-1])], dim=-1)
+        dtype = self.embed_proj[0].weight.dtype
+        joined = torch.cat([z.to(dtype).expand(*lead, z.shape[-1]), state.to(dtype).expand(*lead, state.shape[-1])], dim=-1)
         hidden = F.silu(self.embed_proj[0](joined))
         weight = self.embed_proj[2].weight
         if columns is None:

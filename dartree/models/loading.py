@@ -80,7 +80,7 @@ def load_drafter(name: str, target: Target) -> tuple[DominoDrafter | None, str]:
             drafter = DominoDrafter.from_pretrained(folder if folder.exists() else name)
             description = describe_checkpoint(folder) if folder.exists() else f"checkpoint {name}"
     drafter.check_matches(target)
-    return drafter.to(device=target.device, dtype=target.dtype).eval(), description
+    return drafter.to(device=target.device, dtype=target.dtype).keep_gru_fp32().eval(), description
 
 
 _LOADED: dict = {}
