@@ -1,0 +1,94 @@
+"""The running app through its HTTP API (gradio_client): a full round step by step, then to the end."""
+
+import statistics
+import time
+
+import pytest
+
+from dartree.ui.testing import start_server, stop_server
+
+pytestmark = [pytest.mark.real]
+
+PROMPT = "What is the capital of France?"
+WIDTH, BUDGET, DEPTH, CANDIDATES, TOKENS = 4, 12, 7, 32, 12
+VALUES = [PROMPT, "dartree", WIDTH, BUDGET, DEPTH, CANDIDATES, 0.0, 0, TOKENS]
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, url, log = start_server(example_tokens=8)
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def plain_tokens():
+    import torch
+
+    from dartree.engine import DecodeSettings, generate
+    from dartree.models.loading import load_models
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target = load_models().target
+        return generate(target, None, target.chat_ids(PROMPT), DecodeSettings(method="ar", max_new_tokens=TOKENS)).token_ids
+    finally:
+        torch.set_num_threads(before)
+
+
+def call(client, endpoint, values=VALUES):
+    status, summary = client.predict(*values, api_name=endpoint)[:2]
+    return status, summary
+
+
+def test_full_round_through_the_api(server, plain_tokens):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    status, s = call(client, "/reset")
+    assert s["next_stage"] == "prefill" and "Reset" in status
+    status, s = call(client, "/draft")
+    assert s["next_stage"] == "depth" and "Round 0" in status
+    timings = []
+    for d in range(1, DEPTH + 1):
+        t0 = time.perf_counter()
+        status, s = call(client, "/depth")
+        timings.append(time.perf_counter() - t0)
+        assert s["depths_built"] == d and f"Depth {d}:" in status
+    print(f"depth step over HTTP: median {statistics.median(timings):.3f} s, max {max(timings):.3f} s")
+    assert s["next_stage"] == "prune" and s["supertree_nodes"] == WIDTH * DEPTH
+    status, s = call(client, "/prune")
+    assert s["tree_nodes"] == BUDGET
+    status, s = call(client, "/verify")
+    assert s["next_stage"] == "commit" and s["accepted"] is not None and "bonus" in status
+    status, s = call(client, "/commit")
+    assert s["round"] == 1 and s["output_ids"] == plain_tokens[: len(s["output_ids"])]
+    status, s = call(client, "/run_to_end")
+    assert s["finished"] in ("eos", "length") and s["output_ids"] == plain_tokens
+    assert s["settings"]["budget"] == BUDGET and s["drafter"].startswith("UNTRAINED")
+    trace = client.predict("json", api_name="/trace")
+    assert open(trace).read().lstrip().startswith("{")
+
+
+def test_sessions_are_separate_and_errors_are_messages(server):
+    from gradio_client import Client
+
+    a, b = Client(server, verbose=False), Client(server, verbose=False)
+    defaults = list(a.view_api(return_format="dict")["named_endpoints"]["/step"]["parameters"])
+    values = [p["parameter_default"] for p in defaults]
+    _, sa = call(a, "/step", values)  # both start from the canonical first round
+    assert sa["round"] == 1 and sa["next_stage"] == "depth"
+    _, sa = call(a, "/step", values)
+    _, sb = call(b, "/step", values)
+    assert sb["depths_built"] == 0 and sa["depths_built"] == 1
+    status, _ = call(b, "/draft", ["  "] + VALUES[1:])
+    assert status.startswith("⚠️") and "empty" in status
+    status, _ = call(b, "/draft", ["word " * 9000] + VALUES[1:])
+    assert status.startswith("⚠️") and "context" in status
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="minimum"):  # out-of-range sliders are refused with a message
+        call(b, "/draft", VALUES[:3] + [0] + VALUES[4:])
+    _, sb2 = call(b, "/step", values)
+    assert sb2["depths_built"] == 1  # errors left the session's decoder untouched
