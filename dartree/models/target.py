@@ -93,7 +93,12 @@ def converted_is_valid(folder: Path) -> bool:
         info = json.loads(marker.read_text())
     except (OSError, ValueError):
         return False
-    return all((folder / name).is_file() for name in info.get("files", [])) and bool(info.get("files"))
+    sizes = info.get("sizes") or {}
+    files = info.get("files") or []
+    if not files or set(sizes) != set(files):
+        return False
+    # a marker alone does not prove the weights are whole (a killed copy, a full disk): sizes must match
+    return all((folder / name).is_file() and (folder / name).stat().st_size == sizes[name] for name in files)
 
 
 def convert_embedded(dest: Path | None = None, progress: bool = True) -> Path:
@@ -124,7 +129,8 @@ def convert_embedded(dest: Path | None = None, progress: bool = True) -> Path:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         files = sorted(p.name for p in tmp.iterdir())
-        (tmp / CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf), "files": files}, indent=1))
+        sizes = {name: (tmp / name).stat().st_size for name in files}
+        (tmp / CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf), "files": files, "sizes": sizes}, indent=1))
         if dest.exists():
             shutil.rmtree(dest)
         tmp.rename(dest)
@@ -265,6 +271,7 @@ class Target:
 def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | None = None,
                 attn_implementation: str = "sdpa") -> Target:
     """Load a target once; the app and the CLI keep the returned object for the whole process."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = resolve_device(device)
@@ -273,7 +280,7 @@ def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | No
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         raise UserError(f"could not load target {name!r} from {path}: {exc}") from exc
     model.to(dev).eval()
     eos = set()

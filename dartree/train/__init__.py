@@ -1,0 +1,1 @@
+"""Drafter training recipe: on-policy data generation, training and teacher-forced evaluation."""

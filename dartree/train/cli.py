@@ -1,0 +1,160 @@
+"""`python -m dartree train ...` / `python -m dartree.train ...`: data, train, eval stages of a preset.
+
+The main CLI calls :func:`add_train_arguments` on its `train` sub-parser and :func:`run_train` with the
+parsed arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .datagen import REPO_ROOT, add_datagen_arguments, features_dir, run_datagen, tokens_dir
+from .presets import get_preset
+
+DEFAULT_EXPORT = {"smollm2-cpu": REPO_ROOT / "assets" / "drafter-smollm2"}
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stage", choices=("data", "train", "eval", "all"), default="all",
+                   help="data: generate (resumable); train: train + export + card; eval: evaluate the export")
+    add_datagen_arguments(p)  # --preset, --max-prompts, --batch-size, ... (data stage)
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=None)
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--seqs-per-step", type=int, default=None)
+    g.add_argument("--anchors-per-seq", type=int, default=None)
+    g.add_argument("--warmup-steps", type=int, default=None)
+    g.add_argument("--gamma", type=float, default=None)
+    g.add_argument("--eval-every", type=int, default=None)
+    g.add_argument("--heldout-seqs", type=int, default=None)
+    g.add_argument("--init", choices=("target", "random"), default=None,
+                   help="drafter layers from the target's last layers, or random")
+    g.add_argument("--drafter-layers", type=int, default=None)
+    g.add_argument("--autocast", choices=("bf16", "off"), default=None,
+                   help="bf16 matmuls with fp32 weights (default, ~4x faster on this AMX CPU) or plain fp32")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--run-name", default="default", help="checkpoint name under the cache dir")
+    g.add_argument("--fresh", action="store_true", help="ignore an existing checkpoint of this run")
+    g.add_argument("--out", default=None, help="export folder (default assets/drafter-<target>)")
+    g.add_argument("--drafter", default=None, help="eval stage: drafter folder (default the export)")
+
+
+def _command_line() -> str:
+    argv0 = Path(sys.argv[0])
+    if argv0.name == "__main__.py":
+        mod = ".".join(argv0.resolve().parent.relative_to(REPO_ROOT).parts)
+        return shlex.join(["python", "-m", mod] + sys.argv[1:])
+    return shlex.join(["python"] + sys.argv)
+
+
+def _train_config(preset: dict, args):
+    from .trainer import TrainConfig
+
+    d = dict(preset["train"])
+    for key in ("steps", "lr", "seqs_per_step", "anchors_per_seq", "warmup_steps", "gamma", "eval_every",
+                "heldout_seqs", "init", "autocast", "seed"):
+        v = getattr(args, key, None)
+        if v is not None:
+            d[key] = v
+    return TrainConfig.from_dict(d)
+
+
+def _drafter_spec(preset: dict, args) -> dict:
+    spec = dict(preset["drafter"])
+    if getattr(args, "drafter_layers", None):
+        spec["num_layers"] = args.drafter_layers
+    return spec
+
+
+def run_train(args) -> dict:
+    torch.set_num_threads(args.threads)
+    preset = get_preset(args.preset)
+    result = {}
+    if args.stage in ("data", "all"):
+        result["data"] = run_datagen(args)
+    if args.stage in ("train", "all"):
+        result["train"] = _stage_train(args, preset)
+    if args.stage == "eval":
+        result["eval"] = _stage_eval(args, preset)
+    return result
+
+
+def _load(args, preset):
+    from ..models.target import load_target
+    from .trainer import SeqStore, split_heldout
+
+    target = load_target(preset["target"], device="cpu")  # fp32: training and eval match inference
+    store = SeqStore.from_shards(tokens_dir(args.preset), features_dir(args.preset))
+    if len(store) == 0:
+        raise SystemExit("no training data with features: run --stage data first (or --features-only)")
+    cfg = _train_config(preset, args)
+    train_ids, heldout_ids = split_heldout(store, cfg.heldout_seqs)
+    return target, store, cfg, train_ids, heldout_ids
+
+
+def _stage_train(args, preset) -> dict:
+    from .evaluate import evaluate_chain, write_card
+    from .trainer import drafter_from_preset, export, format_eval, summarize, train, write_json
+
+    t_start = time.time()
+    target, store, cfg, train_ids, heldout_ids = _load(args, preset)
+    spec = _drafter_spec(preset, args)
+    drafter = drafter_from_preset(target, spec, init=cfg.init, seed=cfg.seed)
+    drafter.check_matches(target)
+    ckpt = features_dir(args.preset) / "ckpt" / f"{args.run_name}.pt"
+    if args.fresh and ckpt.exists():
+        ckpt.unlink()
+    data = {"sequences (train)": len(train_ids), "sequences (held-out)": len(heldout_ids),
+            "tokens (all)": store.num_tokens(), "response tokens (all)": store.num_response_tokens(),
+            "token ids": str(tokens_dir(args.preset).relative_to(REPO_ROOT))
+            if tokens_dir(args.preset).is_relative_to(REPO_ROOT) else str(tokens_dir(args.preset)),
+            "generation": json.dumps(preset["data"])}
+    print(f"[train] {data}", flush=True)
+    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt)
+    # final evaluation in fp32, like inference (periodic ones follow --autocast)
+    final_eval = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq)
+    print("[eval] final (fp32): " + format_eval(final_eval), flush=True)
+    out = Path(args.out) if args.out else DEFAULT_EXPORT.get(args.preset, REPO_ROOT / "assets" / f"drafter-{args.preset}")
+    size = export(drafter, out)
+    summary = summarize(history)
+    write_json(features_dir(args.preset) / "ckpt" / f"{args.run_name}-summary.json",
+               {"summary": summary, "eval": history["eval"], "data": data})
+    card = write_card(out, command=_command_line(), repo=REPO_ROOT, preset=args.preset,
+                      preset_config={"drafter": spec, "train": cfg.__dict__, "data": preset["data"]},
+                      data=data, train_summary=summary,
+                      eval_results={"teacher_forced_chain (held-out train slice)": final_eval},
+                      steps=cfg.steps, wall_seconds=history["seconds"],
+                      extra={"export size (MB)": f"{size / 1e6:.1f}",
+                             "process wall time incl. loading (min)": f"{(time.time() - t_start) / 60:.1f}"})
+    print(f"[train] exported {out} ({size / 1e6:.1f} MB), card {card}", flush=True)
+    return {"summary": summary, "eval": final_eval, "export": str(out), "size_bytes": size}
+
+
+def _stage_eval(args, preset) -> dict:
+    from ..models.drafter import DominoDrafter
+    from .evaluate import evaluate_chain
+    from .trainer import format_eval
+
+    target, store, cfg, _, heldout_ids = _load(args, preset)
+    folder = args.drafter or args.out or DEFAULT_EXPORT.get(args.preset)
+    drafter = DominoDrafter.from_pretrained(folder)
+    ev = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq)
+    print("[eval] " + format_eval(ev), flush=True)
+    return ev
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dartree.train", description="Train a DARTree drafter")
+    add_train_arguments(p)
+    run_train(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Fixed training presets.
+
+The drafter's target layers and mask token are fixed per preset *before* data generation, because the
+generator saves exactly those layers' hidden states while the target decodes (a second pass over the
+data would double the cost of the slowest stage).
+"""
+
+from __future__ import annotations
+
+from ..models.drafter import build_target_layer_ids
+
+PRESETS: dict[str, dict] = {
+    "smollm2-cpu": {
+        "target": "smollm2-135m",
+        # Drafter architecture (DominoDrafter / make_config keyword arguments).
+        "drafter": {
+            "hidden_size": 576, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+            "vocab_size": 49152, "num_target_layers": 30, "target_layer_ids": build_target_layer_ids(30, 5),
+            "mask_token_id": 16,  # `<empty_output>`: never appears in chat data
+            "num_layers": 2, "block_size": 8, "emb_dim": 128, "gru_hidden_dim": 256,
+            "pure_draft_prefix_len": 0, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 8192,
+        },
+        # Data generation.
+        "data": {
+            "max_prompt_tokens": 256, "max_new_tokens": 256, "batch_size": 96, "shard_size": 96,
+            "max_prompts": 20000, "dtype": "bf16",
+        },
+        # Training.
+        "train": {
+            "lr": 6e-4, "weight_decay": 0.01, "warmup_steps": 100, "steps": 2000, "anchors_per_seq": 16,
+            "seqs_per_step": 4, "gamma": 4.0, "base_weight_steps_frac": 1.0, "grad_clip": 1.0,
+            "init": "random", "autocast": "bf16", "eval_every": 250, "ckpt_every": 250, "heldout_seqs": 64, "seed": 0,
+        },
+    },
+}
+
+
+def get_preset(name: str) -> dict:
+    from ..errors import UserError
+
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}: choose one of {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]

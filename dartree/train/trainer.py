@@ -1,0 +1,428 @@
+"""Train the Domino drafter on saved target features (the target stays frozen).
+
+One training example is a *block*: an anchor position p inside a response. The drafter sees the
+projected target features of positions < p as context and the block [x_p, MASK x (K-1)] at positions
+p..p+K-1, and must predict x_{p+1..p+K-1}. That is exactly the situation at decode time, where the
+anchor is the last token the target committed and only the tokens before it have features.
+
+Many blocks of one sequence share one context: the context keys/values are built once per sequence and
+all its blocks are concatenated along the query axis, with an attention mask that lets block j see the
+context columns < p_j and its own K columns only (bidirectional inside the block). Sequences of a step
+are padded into a batch.
+
+Loss (per block position k = 1..K-1, weight w_k = exp(-(k-1)/gamma) because early positions decide how
+much of a draft is accepted):
+- base logits ``lm_head(z_k)`` (the target's frozen head);
+- corrected logits ``base + correction(z_k, s_k)`` with s_k the GRU state teacher-forced on the true
+  path (after x_p..x_{p+k-1}), as the decoder computes it along an accepted path.
+``loss = w_base(t) * CE(base) + CE(corrected)``: w_base decays 1 -> 0, so the backbone first learns to
+draft on its own (the tree's candidates come from the base logits) and the head then takes over.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..models.drafter import DominoDrafter, make_config
+from ..models.target import Target
+
+
+# ---------------------------------------------------------------------------------------------- data
+class SeqStore:
+    """Sequences (token ids, prompt length, fp16 features of all tokens but the last).
+
+    Built from datagen shards (features memory-mapped, so 10+ GB of features cost no RAM) or from
+    in-memory lists (tests).
+    """
+
+    def __init__(self):
+        self._ids: list[np.ndarray] = []
+        self._prompt_len: list[int] = []
+        self._prompt_index: list[int] = []
+        self._feats: list = []  # (array, start, stop) or an array
+
+    def add(self, ids, prompt_len: int, features, prompt_index: int = -1) -> None:
+        self._ids.append(np.asarray(ids, dtype=np.int64))
+        self._prompt_len.append(int(prompt_len))
+        self._prompt_index.append(int(prompt_index))
+        self._feats.append(features)
+
+    @classmethod
+    def from_shards(cls, tok_dir: Path, feat_dir: Path) -> "SeqStore":
+        from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
+
+        store = cls()
+        for k in list_shards(tok_dir):
+            fpath = features_path(feat_dir, k)
+            if not fpath.is_file():
+                print(f"[train] shard {k:05d} has no features (run the data stage with --features-only); skipped")
+                continue
+            t = read_tokens(tokens_path(tok_dir, k))
+            feats = np.load(fpath, mmap_mode="r")
+            fo = feature_offsets(t["offsets"])
+            if feats.shape[0] != fo[-1]:
+                print(f"[train] shard {k:05d}: features do not match its tokens; skipped")
+                continue
+            for i in range(len(t["prompt_len"])):
+                a, b = t["offsets"][i], t["offsets"][i + 1]
+                store.add(t["ids"][a:b], t["prompt_len"][i], (feats, fo[i], fo[i + 1]), t["prompt_index"][i])
+        return store
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def ids(self, i: int) -> np.ndarray:
+        return self._ids[i]
+
+    def prompt_len(self, i: int) -> int:
+        return self._prompt_len[i]
+
+    def prompt_index(self, i: int) -> int:
+        return self._prompt_index[i]
+
+    def features(self, i: int) -> torch.Tensor:
+        f = self._feats[i]
+        if isinstance(f, tuple):
+            arr, a, b = f
+            f = arr[a:b]
+        return torch.from_numpy(np.asarray(f, dtype=np.float32))
+
+    def anchors(self, i: int) -> np.ndarray:
+        """Valid anchor positions: inside the response (p >= prompt_len) with at least one label."""
+        return np.arange(self._prompt_len[i], len(self._ids[i]) - 1)
+
+    def num_tokens(self) -> int:
+        return int(sum(len(x) for x in self._ids))
+
+    def num_response_tokens(self) -> int:
+        return int(sum(len(x) - p for x, p in zip(self._ids, self._prompt_len)))
+
+
+def split_heldout(store: SeqStore, n_heldout: int) -> tuple[list[int], list[int]]:
+    """Held-out = the n sequences of the lowest prompt indices (shard 0): stable while data grows."""
+    usable = [i for i in range(len(store)) if len(store.anchors(i)) > 0]
+    usable.sort(key=lambda i: (store.prompt_index(i), i))
+    return usable[n_heldout:], usable[:n_heldout]
+
+
+@dataclass
+class Batch:
+    ctx_features: torch.Tensor  # [b, S, L*h]
+    ctx_positions: torch.Tensor  # [b, S]
+    block_ids: torch.Tensor  # [b, A*K] anchor + MASKs
+    block_positions: torch.Tensor  # [b, A*K]
+    attn_mask: torch.Tensor  # [b, 1, A*K, S + A*K] bool
+    path_ids: torch.Tensor  # [b, A, K-1]: x_p .. x_{p+K-2} (GRU inputs)
+    labels: torch.Tensor  # [b, A, K-1]: x_{p+1} .. x_{p+K-1}
+    valid: torch.Tensor  # [b, A, K-1] bool
+
+
+def build_batch(store: SeqStore, seq_ids: list[int], anchors: list[np.ndarray], block_size: int,
+                mask_token_id: int) -> Batch:
+    """Stack the blocks of several sequences (anchors[j] are sequence j's anchor positions)."""
+    K = block_size
+    b = len(seq_ids)
+    A = max(1, max(len(a) for a in anchors))
+    S = max(len(store.ids(i)) - 1 for i in seq_ids)
+    L = store.features(seq_ids[0]).shape[-1]
+    ctx = torch.zeros(b, S, L)
+    ctx_pos = torch.zeros(b, S, dtype=torch.long)
+    block_ids = torch.full((b, A * K), mask_token_id, dtype=torch.long)
+    block_pos = torch.zeros(b, A * K, dtype=torch.long)
+    mask = torch.zeros(b, 1, A * K, S + A * K, dtype=torch.bool)
+    path = torch.zeros(b, A, K - 1, dtype=torch.long)
+    labels = torch.zeros(b, A, K - 1, dtype=torch.long)
+    valid = torch.zeros(b, A, K - 1, dtype=torch.bool)
+    for r, (i, anc) in enumerate(zip(seq_ids, anchors)):
+        x = torch.from_numpy(store.ids(i))
+        n = len(x)
+        f = store.features(i)
+        ctx[r, :n - 1] = f
+        ctx_pos[r, :n - 1] = torch.arange(n - 1)
+        for j in range(A):
+            rows = slice(j * K, (j + 1) * K)
+            # Every block row sees its own block, so no query row is fully masked (padding blocks too).
+            mask[r, 0, rows, S + j * K:S + (j + 1) * K] = True
+            if j >= len(anc):
+                continue
+            p = int(anc[j])
+            block_ids[r, j * K] = x[p]
+            block_pos[r, rows] = torch.arange(p, p + K)
+            mask[r, 0, rows, :p] = True
+            m = min(K - 1, n - 1 - p)  # labels that exist
+            labels[r, j, :m] = x[p + 1:p + 1 + m]
+            path[r, j, :m] = x[p:p + m]
+            valid[r, j, :m] = True
+    return Batch(ctx, ctx_pos, block_ids, block_pos, mask, path, labels, valid)
+
+
+def drafter_logits(target: Target, drafter: DominoDrafter, batch: Batch):
+    """Base and corrected logits [b, A, K-1, V] of a batch (teacher-forced GRU states)."""
+    K = drafter.block_size
+    b, AK = batch.block_ids.shape
+    A = AK // K
+    with torch.no_grad():
+        block_emb = target.embed(batch.block_ids).float()
+        path_emb = target.embed(batch.path_ids.view(b * A, K - 1)).float()
+    ctx_kv = drafter.context_kv(batch.ctx_features, batch.ctx_positions)
+    mask = batch.attn_mask
+    h = drafter.block_hidden(block_emb, batch.block_positions, ctx_kv, attn_mask=mask)
+    z = h.view(b, A, K, -1)[:, :, 1:]  # slot 0 is the anchor
+    base = target.lm_head(z)
+    corrected = None
+    if drafter.cfg.has_correction:
+        states = drafter.gru_scan(path_emb).view(b, A, K - 1, -1)
+        corr = drafter.correction(z, states)
+        prefix = drafter.cfg.pure_draft_prefix_len
+        if prefix > 0:
+            keep = (torch.arange(1, K, device=corr.device) > prefix).to(corr.dtype)
+            corr = corr * keep[:, None]
+        corrected = base + corr
+    return base, corrected
+
+
+def autocast(mode: str):
+    """bf16 autocast for the matmuls (the full-vocab logits dominate a step); weights stay fp32."""
+    if mode not in ("bf16", "off"):
+        raise ValueError(f"unknown autocast mode {mode!r}: bf16 or off")
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16")
+
+
+def position_weights(K: int, gamma: float) -> torch.Tensor:
+    return torch.exp(-torch.arange(K - 1, dtype=torch.float32) / gamma)
+
+
+def weighted_ce(logits: torch.Tensor, batch: Batch, weights: torch.Tensor) -> torch.Tensor:
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1),
+                         reduction="none").view(batch.labels.shape)
+    w = weights.view(1, 1, -1) * batch.valid
+    return (ce * w).sum() / w.sum().clamp(min=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- init
+def drafter_from_preset(target: Target, preset_drafter: dict, init: str = "target", seed: int = 0) -> DominoDrafter:
+    torch.manual_seed(seed)
+    drafter = DominoDrafter(make_config(**preset_drafter))
+    if init == "target":
+        init_from_target(drafter, target)
+    elif init != "random":
+        raise ValueError(f"unknown init {init!r}: target or random")
+    return drafter
+
+
+@torch.no_grad()
+def init_from_target(drafter: DominoDrafter, target: Target) -> None:
+    """Copy the target's last decoder layers (attention, MLP, norms) and final norm into the drafter.
+
+    A warm start that already maps hidden states to next-token space; q_norm/k_norm (absent in Llama)
+    stay ones, and fc, hidden_norm and the GRU head start fresh.
+    """
+    t_layers = target.model.model.layers
+    n = len(drafter.layers)
+    for d_layer, t_layer in zip(drafter.layers, t_layers[len(t_layers) - n:]):
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(d_layer.self_attn, name).weight.copy_(getattr(t_layer.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(d_layer.mlp, name).weight.copy_(getattr(t_layer.mlp, name).weight)
+        d_layer.input_layernorm.weight.copy_(t_layer.input_layernorm.weight)
+        d_layer.post_attention_layernorm.weight.copy_(t_layer.post_attention_layernorm.weight)
+        d_layer.self_attn.q_norm.weight.fill_(1.0)
+        d_layer.self_attn.k_norm.weight.fill_(1.0)
+    drafter.norm.weight.copy_(target.model.model.norm.weight)
+
+
+# ---------------------------------------------------------------------------------------------- loop
+@dataclass
+class TrainConfig:
+    steps: int = 3000
+    lr: float = 6e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 100
+    min_lr_frac: float = 0.1
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 16
+    gamma: float = 4.0
+    base_weight_steps_frac: float = 1.0  # w_base goes 1 -> 0 linearly over this share of the steps
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    ckpt_every: int = 250
+    log_every: int = 10
+    heldout_seqs: int = 64
+    eval_anchors_per_seq: int = 8
+    seed: int = 0
+    init: str = "target"
+    autocast: str = "bf16"  # "bf16": matmuls in bf16 (AMX, ~4x faster here), fp32 weights/optimizer/loss; "off"
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / max(1, cfg.warmup_steps)
+        t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    return f
+
+
+def base_weight(cfg: TrainConfig, step: int) -> float:
+    span = max(1, int(cfg.base_weight_steps_frac * cfg.steps))
+    return max(0.0, 1.0 - step / span)
+
+
+def make_optimizer(drafter: DominoDrafter, cfg: TrainConfig):
+    decay = [p for n, p in drafter.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in drafter.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    return opt, sched
+
+
+def save_checkpoint(path: Path, drafter, opt, sched, step: int, history: dict, rng: np.random.Generator,
+                    cfg: TrainConfig) -> None:
+    """Everything needed to continue bit-for-bit: weights, optimizer, schedule, both RNGs, logs."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"drafter": drafter.state_dict(), "drafter_config": drafter.cfg.raw, "optimizer": opt.state_dict(),
+             "scheduler": sched.state_dict(), "step": step, "history": history,
+             "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(), "config": asdict(cfg)}
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, drafter, opt=None, sched=None, rng: np.random.Generator | None = None) -> dict:
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    drafter.load_state_dict(state["drafter"])
+    if opt is not None:
+        opt.load_state_dict(state["optimizer"])
+    if sched is not None:
+        sched.load_state_dict(state["scheduler"])
+    if rng is not None:
+        rng.bit_generator.state = state["numpy_rng"]
+    torch.set_rng_state(state["torch_rng"])
+    return state
+
+
+def sample_step(store: SeqStore, train_ids: list[int], rng: np.random.Generator, cfg: TrainConfig):
+    """Sequences with probability proportional to their number of anchors (every block counts the same)."""
+    weights = np.array([len(store.anchors(i)) for i in train_ids], dtype=np.float64)
+    pick = rng.choice(len(train_ids), size=cfg.seqs_per_step, replace=len(train_ids) < cfg.seqs_per_step,
+                      p=weights / weights.sum())
+    seqs = [train_ids[j] for j in pick]
+    anchors = []
+    for i in seqs:
+        a = store.anchors(i)
+        anchors.append(np.sort(rng.choice(a, size=min(cfg.anchors_per_seq, len(a)), replace=False)))
+    return seqs, anchors
+
+
+def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: list[int], heldout_ids: list[int],
+          cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False) -> dict:
+    """The training loop; resumes from `ckpt_path` when it exists. Returns the history of losses/evals."""
+    from .evaluate import evaluate_chain
+
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    drafter.train()
+    opt, sched = make_optimizer(drafter, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    history: dict = {"loss": [], "loss_base": [], "loss_corr": [], "eval": [], "seconds": 0.0}
+    step = 0
+    if ckpt_path is not None and Path(ckpt_path).is_file():
+        state = load_checkpoint(ckpt_path, drafter, opt, sched, rng)
+        step, history = state["step"], state["history"]
+        log(f"[train] resumed from {ckpt_path} at step {step}")
+    K = drafter.block_size
+    weights = position_weights(K, cfg.gamma)
+    t0 = time.time() - history["seconds"]
+    window: list[tuple[float, float, float]] = []
+    while step < cfg.steps:
+        seqs, anchors = sample_step(store, train_ids, rng, cfg)
+        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id)
+        with autocast(cfg.autocast):
+            base, corrected = drafter_logits(target, drafter, batch)
+        base = base.float()
+        corrected = corrected.float() if corrected is not None else None
+        ce_base = weighted_ce(base, batch, weights)
+        wb = base_weight(cfg, step)
+        if corrected is not None:
+            ce_corr = weighted_ce(corrected, batch, weights)
+            loss = wb * ce_base + ce_corr
+        else:
+            ce_corr = ce_base
+            loss = ce_base
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        history["loss"].append(float(loss.detach()))
+        history["loss_base"].append(float(ce_base.detach()))
+        history["loss_corr"].append(float(ce_corr.detach()))
+        window.append(tuple(history[k][-1] for k in ("loss", "loss_base", "loss_corr")))
+        if cfg.log_every and step % cfg.log_every == 0:
+            m = np.mean(window, axis=0)
+            window = []
+            el = time.time() - t0
+            log(f"[train] step {step}/{cfg.steps} loss {m[0]:.3f} ce_base {m[1]:.3f} ce_corr {m[2]:.3f} "
+                f"w_base {wb:.2f} lr {sched.get_last_lr()[0]:.2e} {el / step:.2f}s/step")
+        last = step == cfg.steps
+        if heldout_ids and cfg.eval_every and (step % cfg.eval_every == 0 or last):
+            ev = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq,
+                                autocast_mode=cfg.autocast)
+            ev["step"] = step
+            history["eval"].append(ev)
+            log(f"[eval] step {step}: " + format_eval(ev))
+            drafter.train()
+        history["seconds"] = time.time() - t0
+        if ckpt_path is not None and cfg.ckpt_every and (step % cfg.ckpt_every == 0 or last):
+            save_checkpoint(ckpt_path, drafter, opt, sched, step, history, rng, cfg)
+    drafter.eval()
+    return history
+
+
+def format_eval(ev: dict) -> str:
+    b = " ".join(f"{a:.2f}" for a in ev["acc_base"])
+    c = " ".join(f"{a:.2f}" for a in ev["acc_corr"])
+    return (f"tau_chain base {ev['tau_base']:.2f} corr {ev['tau_corr']:.2f} | acc@k base [{b}] corr [{c}] "
+            f"| ce base {ev['ce_base']:.3f} corr {ev['ce_corr']:.3f} ({ev['blocks']} blocks)")
+
+
+def summarize(history: dict, last: int = 50) -> dict:
+    out = {}
+    for key in ("loss", "loss_base", "loss_corr"):
+        vals = history.get(key) or []
+        if vals:
+            out[f"first_{key}"] = float(np.mean(vals[:last]))
+            out[f"final_{key}"] = float(np.mean(vals[-last:]))
+    return out
+
+
+def export(drafter: DominoDrafter, folder: Path, dtype=torch.bfloat16) -> int:
+    """The shipped checkpoint (public Domino layout, 16-bit); returns its size in bytes."""
+    drafter.save_pretrained(folder, dtype=dtype)
+    return sum(p.stat().st_size for p in Path(folder).iterdir() if p.is_file())
+
+
+def write_json(path: Path, obj) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1) + "\n")

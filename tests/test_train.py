@@ -1,0 +1,249 @@
+"""Training recipe tests on tiny random models (seconds, no real target)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dartree.models.drafter import DominoDrafter, make_config
+from dartree.models.target import Target
+from dartree.train import datagen
+from dartree.train.evaluate import evaluate_chain, write_card
+from dartree.train.trainer import (SeqStore, TrainConfig, build_batch, drafter_logits, init_from_target,
+                                   load_checkpoint, save_checkpoint, split_heldout, train)
+
+VOCAB = 64
+EOS = (5, 17, 40)  # several stop ids, so rows finish at different steps and the batch gets compacted
+LAYERS = (0, 1)
+
+
+def tiny_target(seed: int = 0, std: float = 0.2) -> Target:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                         initializer_range=std, tie_word_embeddings=True, eos_token_id=EOS[0], bos_token_id=0,
+                         pad_token_id=0, rope_theta=10000.0)
+    model = LlamaForCausalLM(config).eval()
+    return Target(model=model, tokenizer=None, name="tiny", device=torch.device("cpu"), dtype=torch.float32,
+                  eos_token_ids=EOS)
+
+
+def tiny_drafter(seed: int = 1, block_size: int = 4) -> DominoDrafter:
+    torch.manual_seed(seed)
+    cfg = make_config(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
+                      vocab_size=VOCAB, num_target_layers=2, target_layer_ids=list(LAYERS), mask_token_id=1,
+                      num_layers=2, block_size=block_size, emb_dim=16, gru_hidden_dim=24, rope_theta=10000.0)
+    return DominoDrafter(cfg)
+
+
+def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(2, VOCAB, size=int(rng.integers(3, 14))).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.fixture(scope="module")
+def generated(target):
+    return datagen.generate_batch(target, random_prompts(24), 24, LAYERS)
+
+
+def store_of(gen) -> SeqStore:
+    store = SeqStore()
+    for i, g in enumerate(gen):
+        store.add(g.ids, g.prompt_len, g.features, prompt_index=i)
+    return store
+
+
+# ---------------------------------------------------------------------------------------------- data
+def test_batched_generation_equals_unbatched_and_is_deterministic(target, generated):
+    prompts = random_prompts(24)
+    again = datagen.generate_batch(target, prompts, 24, LAYERS)
+    assert [g.ids for g in again] == [g.ids for g in generated]
+    # continuous batching: 5 slots refilled as rows finish
+    streamed = datagen.generate_batch(target, prompts, 24, LAYERS, batch_size=5)
+    assert [g.ids for g in streamed] == [g.ids for g in generated]
+    for g, s in zip(generated, streamed):
+        np.testing.assert_allclose(s.features.astype(np.float32), g.features.astype(np.float32), rtol=1e-2, atol=1e-2)
+    lengths = {len(g.ids) - g.prompt_len for g in generated}
+    assert len(lengths) > 2, "rows should finish at different steps (exercises batch compaction)"
+    for p, g in zip(prompts, generated):
+        single = datagen.generate_batch(target, [p], 24, LAYERS)[0]
+        assert single.ids == g.ids
+        assert g.ids[:len(p)] == p and g.prompt_len == len(p)
+        assert g.features.shape == (len(g.ids) - 1, 2 * 32)
+        np.testing.assert_allclose(single.features.astype(np.float32), g.features.astype(np.float32),
+                                   rtol=1e-2, atol=1e-2)
+        resp = g.ids[len(p):]
+        assert all(t not in EOS for t in resp[:-1])
+        assert resp[-1] in EOS or len(resp) == 24
+
+
+def test_saved_features_equal_teacher_forced_recompute(target, generated):
+    recomputed = datagen.recompute_features(target, [g.ids for g in generated], LAYERS, batch_size=5)
+    for g, r in zip(generated, recomputed):
+        assert r.shape == g.features.shape
+        np.testing.assert_allclose(r.astype(np.float32), g.features.astype(np.float32), rtol=1e-2, atol=1e-2)
+
+
+def test_shards_are_resumable_and_deterministic(target, tmp_path):
+    prompts = random_prompts(10, seed=3)
+    prompts[4] = None  # a skipped (empty) prompt
+    kw = dict(shard_size=4, batch_size=3, max_new_tokens=12, feature_layers=LAYERS, progress=False, log=lambda *a: None)
+    tok, feat = tmp_path / "tok", tmp_path / "feat"
+    stats = datagen.generate_shards(target, prompts, tok_dir=tok, feat_dir=feat, **kw)
+    assert stats["shards"] == 3 and stats["sequences"] == 9
+    first = {k: datagen.read_tokens(datagen.tokens_path(tok, k)) for k in range(3)}
+    assert first[1]["prompt_index"].tolist() == [5, 6, 7]
+    datagen.tokens_path(tok, 1).unlink()
+    stats = datagen.generate_shards(target, prompts, tok_dir=tok, feat_dir=feat, **kw)
+    assert stats["shards"] == 1  # the others were skipped
+    again = datagen.read_tokens(datagen.tokens_path(tok, 1))
+    for key in first[1]:
+        assert np.array_equal(first[1][key], again[key])
+    # features-only pass fills a deleted features shard with the same values
+    saved = np.load(datagen.features_path(feat, 2))
+    datagen.features_path(feat, 2).unlink()
+    assert datagen.fill_missing_features(target, tok, feat, LAYERS, progress=False, log=lambda *a: None) == 1
+    np.testing.assert_allclose(np.load(datagen.features_path(feat, 2)).astype(np.float32), saved.astype(np.float32),
+                               rtol=1e-2, atol=1e-2)
+    store = SeqStore.from_shards(tok, feat)
+    assert len(store) == 9 and store.ids(0).tolist() == first[0]["ids"][:first[0]["offsets"][1]].tolist()
+    assert not list(tok.glob("*.tmp*")) and not list(feat.glob("*.tmp*"))
+
+
+def test_truncate_prompt_keeps_both_ends():
+    ids = list(range(20))
+    assert datagen.truncate_prompt(ids, 8) == [0, 1, 2, 3, 16, 17, 18, 19]
+    assert datagen.truncate_prompt(ids, 30) == ids
+
+
+# ---------------------------------------------------------------------------------------------- training
+def test_batched_blocks_match_one_block_at_a_time(target, generated):
+    """Stacked blocks + mask give the same logits as each block alone with only its own context."""
+    store = store_of(generated)
+    drafter = tiny_drafter().eval()
+    seqs = [i for i in range(len(store)) if len(store.anchors(i)) >= 3][:2]
+    anchors = [store.anchors(i)[[0, 1, len(store.anchors(i)) - 1]] for i in seqs]
+    batch = build_batch(store, seqs, anchors, drafter.block_size, drafter.cfg.mask_token_id)
+    with torch.no_grad():
+        base, corr = drafter_logits(target, drafter, batch)
+        for r, (i, anc) in enumerate(zip(seqs, anchors)):
+            x = torch.from_numpy(store.ids(i))
+            feats = store.features(i)
+            for j, p in enumerate(anc.tolist()):
+                K = drafter.block_size
+                ctx = drafter.context_kv(feats[None, :p], torch.arange(p)[None])
+                blk = torch.full((1, K), drafter.cfg.mask_token_id)
+                blk[0, 0] = x[p]
+                z = drafter.block_hidden(target.embed(blk), torch.arange(p, p + K)[None], ctx)[:, 1:]
+                b1 = target.lm_head(z)
+                m = int(batch.valid[r, j].sum())
+                path = x[p:p + K - 1].clone()
+                if len(path) < K - 1:
+                    path = torch.cat([path, torch.zeros(K - 1 - len(path), dtype=path.dtype)])
+                s = drafter.gru_scan(target.embed(path[None]))
+                c1 = b1 + drafter.correction(z, s)
+                torch.testing.assert_close(base[r, j, :m], b1[0, :m], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(corr[r, j, :m], c1[0, :m], rtol=1e-4, atol=1e-4)
+
+
+def test_fifty_steps_lower_the_loss(target, generated):
+    store = store_of(generated)
+    train_ids, held = split_heldout(store, 4)
+    drafter = tiny_drafter()
+    cfg = TrainConfig(steps=50, lr=3e-3, warmup_steps=5, seqs_per_step=4, anchors_per_seq=8, eval_every=50,
+                      ckpt_every=0, log_every=0, heldout_seqs=4, autocast="off")
+    hist = train(target, drafter, store, train_ids, held, cfg, log=lambda *a: None)
+    first, last = np.mean(hist["loss"][:10]), np.mean(hist["loss"][-10:])
+    assert last < 0.8 * first, (first, last)
+    assert np.mean(hist["loss_corr"][-10:]) < np.mean(hist["loss_corr"][:10])
+    ev = hist["eval"][-1]
+    assert len(ev["acc_base"]) == drafter.block_size - 1 and 1.0 <= ev["tau_corr"] <= drafter.block_size
+
+
+def test_checkpoint_round_trip_is_exact(target, generated, tmp_path):
+    store = store_of(generated)
+    train_ids, held = split_heldout(store, 0)
+    cfg = TrainConfig(steps=6, lr=3e-3, warmup_steps=2, seqs_per_step=2, anchors_per_seq=4, eval_every=0,
+                      ckpt_every=3, log_every=0)
+    quiet = dict(log=lambda *a: None)
+    full = train(target, tiny_drafter(), store, train_ids, held, cfg, **quiet)
+    ckpt = tmp_path / "run.pt"
+    d1 = tiny_drafter()
+    # interrupt a run right after its first checkpoint (step 3), then resume it in a fresh drafter
+    import dartree.train.trainer as tr
+
+    class Stop(Exception):
+        pass
+
+    orig = tr.save_checkpoint
+
+    def save_then_stop(*a, **k):
+        orig(*a, **k)
+        raise Stop
+
+    tr.save_checkpoint = save_then_stop
+    try:
+        with pytest.raises(Stop):
+            train(target, d1, store, train_ids, held, cfg, ckpt_path=ckpt, **quiet)
+    finally:
+        tr.save_checkpoint = orig
+    d2 = tiny_drafter(seed=99)  # different init: everything must come from the checkpoint
+    resumed = train(target, d2, store, train_ids, held, cfg, ckpt_path=ckpt, **quiet)
+    assert resumed["loss"] == full["loss"]
+    # weights: trainer checkpoint and the public fp32 export are both exact
+    d3 = tiny_drafter(seed=5)
+    load_checkpoint(ckpt, d3)
+    for (k, a), (_, b) in zip(d2.state_dict().items(), d3.state_dict().items()):
+        assert torch.equal(a, b), k
+    d2.save_pretrained(tmp_path / "export", dtype=torch.float32)
+    d4 = DominoDrafter.from_pretrained(tmp_path / "export")
+    for (k, a), (_, b) in zip(d2.state_dict().items(), d4.state_dict().items()):
+        assert torch.equal(a, b), k
+    save_checkpoint(tmp_path / "again.pt", d4, *tr.make_optimizer(d4, cfg), 0, {}, np.random.default_rng(0), cfg)
+    assert (tmp_path / "again.pt").is_file()
+
+
+def test_init_from_target_copies_last_layers(target):
+    d = tiny_drafter()
+    init_from_target(d, target)
+    t_last = target.model.model.layers[-1]
+    assert torch.equal(d.layers[-1].self_attn.q_proj.weight, t_last.self_attn.q_proj.weight)
+    assert torch.equal(d.layers[-1].mlp.down_proj.weight, t_last.mlp.down_proj.weight)
+    assert torch.equal(d.layers[0].self_attn.k_proj.weight, target.model.model.layers[0].self_attn.k_proj.weight)
+    assert torch.equal(d.norm.weight, target.model.model.norm.weight)
+
+
+def test_card_is_written(target, generated, tmp_path):
+    store = store_of(generated)
+    ev = evaluate_chain(target, tiny_drafter(), store, list(range(4)), anchors_per_seq=4)
+    path = write_card(tmp_path, command="python -m dartree train --preset tiny", repo=tmp_path, preset="tiny",
+                      preset_config={"a": 1}, data={"sequences": 4}, train_summary={"final_loss": 1.0},
+                      eval_results={"chain": ev, "tree_tau": {"tau": 2.5}}, steps=1, wall_seconds=6.0)
+    text = path.read_text()
+    assert "python -m dartree train --preset tiny" in text and "top-1 corrected" in text and "tree_tau" in text
+
+
+def test_cli_arguments_reach_the_configs():
+    import argparse
+
+    from dartree.train.cli import _drafter_spec, _train_config, add_train_arguments
+    from dartree.train.presets import get_preset
+
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    args = p.parse_args(["--preset", "smollm2-cpu", "--stage", "train", "--steps", "7", "--init", "random",
+                         "--autocast", "off", "--drafter-layers", "3"])
+    preset = get_preset(args.preset)
+    cfg = _train_config(preset, args)
+    assert (cfg.steps, cfg.init, cfg.autocast) == (7, "random", "off")
+    assert _drafter_spec(preset, args)["num_layers"] == 3
+    assert preset["drafter"]["target_layer_ids"] == [1, 8, 14, 20, 27]
+    assert preset["drafter"]["mask_token_id"] == 16 and preset["drafter"]["block_size"] == 8
