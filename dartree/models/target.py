@@ -219,7 +219,10 @@ class Target:
             raise UserError("the prompt is empty: type something for the model to answer")
         messages = [{"role": "user", "content": str(prompt)}]
         if getattr(self.tokenizer, "chat_template", None):
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            # enable_thinking=False: Qwen3 templates read it (Domino drafters are trained without thinking);
+            # templates that do not know the variable ignore it.
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     enable_thinking=False)
             ids = out["input_ids"] if hasattr(out, "keys") else out
             if ids and isinstance(ids[0], list):
                 ids = ids[0]
