@@ -213,7 +213,9 @@ def test_long_run_keeps_the_cache_bounded(real_models):
     target, drafter = real_models.target, real_models.drafter
     ids = target.chat_ids("Write a very long story, at least 5000 words, about a dragon who learns to cook. "
                           "Describe every dish in detail.")
-    dec = Decoder(target, drafter, ids, DecodeSettings(method="dartree", max_new_tokens=LONG_TOKENS))
+    # a small tree (W=2, B=4) keeps 2,000 rounds of a random drafter within a few minutes on 2 cores
+    dec = Decoder(target, drafter, ids, DecodeSettings(method="dartree", width=2, budget=4, candidates=8,
+                                                       max_new_tokens=LONG_TOKENS))
     dec.prefill()
     assert dec.cache.get_seq_length() == len(ids)
     while dec.next_stage != "done":
