@@ -20,7 +20,7 @@ def block_outputs(drafter, target):
     context.append(feats, torch.arange(5))
     with torch.no_grad():
         block = draft_block(drafter, target, context, torch.tensor(3), 5, drafter.max_depth, 8)
-        state = drafter.gru_step(target.embed(torch.tensor([3, 4])), drafter.initial_state(2, "cpu", torch.float32))
+        state = drafter.gru_step(target.embed(torch.tensor([3, 4])), drafter.initial_state(2, "cpu"))
         residual = drafter.correction(block.hidden[0][None], state)
     return block.draft.cand_tokens, block.draft.cand_base_logits, block.hidden, residual
 

@@ -369,7 +369,7 @@ class DominoDrafter(nn.Module):
             self.prefix_gru.float()
         return self
 
-    def initial_state(self, n: int, device, dtype=None) -> torch.Tensor:
+    def initial_state(self, n: int, device) -> torch.Tensor:
         return torch.zeros(n, max(self.cfg.gru_hidden_dim, 1), device=device, dtype=self.gru_dtype)
 
     def gru_step(self, token_embeds: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
