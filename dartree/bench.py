@@ -19,16 +19,21 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .cache import compact_cache, truncate_cache
 from .engine import DecodeSettings, generate
+from .errors import UserError
 from .draft import DrafterContext, draft_block
 from .tree import Tree
+
+
+AUTO_BUDGET_CAP = 256  # the most nodes `--budget auto` may verify (the cost curve's last point)
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     method: str
     width: int | None
-    budget: int | None
+    budget: int | str | None  # "auto": dartree's cost-aware budget
 
     @property
     def label(self) -> str:
@@ -38,6 +43,44 @@ class BenchConfig:
         if self.budget is not None:
             parts.append(f"B={self.budget}")
         return " ".join(parts)
+
+    @property
+    def auto(self) -> bool:
+        return self.budget == "auto"
+
+    def settings(self, base: DecodeSettings) -> DecodeSettings:
+        s = replace(base, method=self.method)
+        if self.width is not None:
+            s = replace(s, width=self.width)
+        if self.auto:
+            s = replace(s, budget=AUTO_BUDGET_CAP, auto_budget=True)
+        elif self.budget is not None:
+            s = replace(s, budget=self.budget)
+        return s
+
+
+def parse_configs(text: str) -> list[BenchConfig]:
+    """`ar,chain,ddtree:B=32,dartree:W=8:B=32,dartree:W=8:B=auto` -> configs (ar always first)."""
+    from . import METHODS
+
+    configs = [BenchConfig("ar", None, None)]
+    for item in (x.strip() for x in text.split(",")):
+        if not item or item == "ar":
+            continue
+        method, *knobs = item.split(":")
+        if method not in METHODS:
+            raise UserError(f"unknown method {method!r} in --configs: choose from {', '.join(METHODS)}")
+        values = {}
+        for knob in knobs:
+            key, _, value = knob.partition("=")
+            if key not in ("W", "B") or not value:
+                raise UserError(f"--configs item {item!r}: knobs are W=<int> and B=<int or auto>")
+            try:
+                values[key] = value if (key == "B" and value == "auto") else int(value)
+            except ValueError:
+                raise UserError(f"--configs item {item!r}: {key} must be an integer") from None
+        configs.append(BenchConfig(method, values.get("W"), values.get("B")))
+    return configs
 
 
 def bench_configs(methods, widths, budgets) -> list[BenchConfig]:
@@ -67,28 +110,20 @@ def machine_info(device) -> dict:
 
 
 def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: DecodeSettings, progress=True,
-              warmup_tokens: int = 8) -> dict:
+              warmup_tokens: int = 8, budget_policy=None) -> dict:
     """Measure every config on every prompt, interleaved; returns the results dict written as JSON."""
     from tqdm import tqdm
 
     target, drafter = models.target, models.drafter
-
-    def settings_for(cfg: BenchConfig) -> DecodeSettings:
-        s = replace(base, method=cfg.method)
-        if cfg.width is not None:
-            s = replace(s, width=cfg.width)
-        if cfg.budget is not None:
-            s = replace(s, budget=cfg.budget)
-        return s
-
     ids_list = [target.chat_ids(p) for p in prompts]
     for cfg in configs:  # warm-up: first calls allocate and pick kernels
-        generate(target, drafter, ids_list[0], replace(settings_for(cfg), max_new_tokens=warmup_tokens))
+        generate(target, drafter, ids_list[0], replace(cfg.settings(base), max_new_tokens=warmup_tokens),
+                 budget_policy)
     per = {cfg: [] for cfg in configs}
     bar = tqdm(total=len(ids_list) * len(configs), disable=not progress, desc="bench", unit="run")
     for ids in ids_list:
         for cfg in configs:
-            per[cfg].append(generate(target, drafter, ids, settings_for(cfg)))
+            per[cfg].append(generate(target, drafter, ids, cfg.settings(base), budget_policy))
             bar.update(1)
     bar.close()
 
@@ -112,6 +147,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "identical_to_ar": sum(r.token_ids == a.token_ids for r, a in zip(runs, ar_runs)),
             "stage_share": {k: v / total for k, v in stage.items()},
             "round_seconds": total / rounds if rounds else 0.0,
+            "mean_nodes": sum(x.tree_nodes for r in runs for x in r.round_records) / rounds if rounds else 0.0,
         })
     return {"rows": rows, "machine": machine_info(target.device), "settings": {
         "max_new_tokens": base.max_new_tokens, "temperature": base.temperature, "candidates": base.candidates,
@@ -154,24 +190,35 @@ def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 9
 
     verify = {}
     for n in sizes:
-        # a tree of n nodes shaped like a real one: n // depth branches of at most `depth` nodes
-        parents = [-1] + [0 if (i - 1) % depth == 0 else i - 1 for i in range(1, n)]
-        depths = [0]
-        for i in range(1, n):
-            depths.append(depths[parents[i]] + 1)
-        tree = Tree(torch.arange(100, 100 + n, device=dev), torch.tensor(parents, device=dev),
-                    torch.tensor(depths, device=dev), torch.zeros(n, device=dev), max(depths))
+        tree = _chain_tree(n, depth, dev)
         times = []
         for _ in range(repeats):
             t0 = _sync_time(dev)
             verify_tree(target, tree, cache, prefix, feature_layers)
             times.append(_sync_time(dev) - t0)
-            cache.crop(prefix)
+            truncate_cache(cache, prefix)
         verify[n] = statistics.median(times)
     result = {"prefix_tokens": prefix, "verify_seconds": verify, "t_ar": verify[1]}
-    if drafter is not None:
-        context = DrafterContext(drafter)
+
+    context = DrafterContext(drafter) if drafter is not None else None
+    if context is not None:
         context.append(out.features, torch.arange(prefix, device=dev))
+    for key, n, path_len in (("ar_commit_seconds", 1, 1), ("commit_seconds", 33, 3)):
+        # a commit: gather the accepted rows into the cache (and, drafting, project their features)
+        tree = _chain_tree(n, depth, dev)
+        times = []
+        for _ in range(repeats):
+            ver = verify_tree(target, tree, cache, prefix, feature_layers)
+            path = torch.arange(path_len, device=dev)
+            t0 = _sync_time(dev)
+            compact_cache(cache, prefix, path)
+            if context is not None and key == "commit_seconds":
+                context.drafter.context_kv(ver.features[path][None].to(drafter.fc.weight.dtype),
+                                           (path + prefix)[None])
+            times.append(_sync_time(dev) - t0)
+            truncate_cache(cache, prefix)
+        result[key] = statistics.median(times)
+    if drafter is not None:
         anchor = torch.tensor(ids[-1], device=dev)
         times = []
         for _ in range(repeats):
@@ -179,10 +226,88 @@ def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 9
             draft_block(drafter, target, context, anchor, prefix, drafter.max_depth, 64)
             times.append(_sync_time(dev) - t0)
         result["draft_seconds"] = statistics.median(times)
+    result["lm_head_seconds"] = lm_head_timings(target, repeats=repeats)
     return result
+
+
+@torch.inference_mode()
+def lm_head_timings(target, sizes=(1, 2, 8, 16, 33, 64), repeats: int = 7) -> dict:
+    """Median seconds of the LM head over N rows: F.linear (h @ W.T) against (W @ h.T).T, interleaved."""
+    head = target.model.get_output_embeddings()
+    dev = target.device
+    out = {}
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for n in sizes:
+        h = torch.randn(n, head.weight.shape[1], generator=g).to(device=dev, dtype=head.weight.dtype)
+        times = {"linear": [], "transposed": []}
+        for _ in range(repeats):
+            for name, fn in (("linear", lambda: head(h)), ("transposed", lambda: (head.weight @ h.T).T)):
+                t0 = _sync_time(dev)
+                fn()
+                times[name].append(_sync_time(dev) - t0)
+        out[n] = {k: statistics.median(v) for k, v in times.items()}
+    return out
+
+
+def _chain_tree(n: int, depth: int, dev) -> Tree:
+    """A tree of n nodes shaped like a real one: branches of at most `depth` nodes hanging off the root."""
+    parents = [-1] + [0 if (i - 1) % depth == 0 else i - 1 for i in range(1, n)]
+    depths = [0]
+    for i in range(1, n):
+        depths.append(depths[parents[i]] + 1)
+    return Tree(torch.arange(100, 100 + n, device=dev), torch.tensor(parents, device=dev),
+                torch.tensor(depths, device=dev), torch.zeros(n, device=dev), max(depths))
 
 
 def _sync_time(device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+@torch.inference_mode()
+def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 512, 1024), repeats: int = 5,
+                          candidates: int = 64) -> list[dict]:
+    """Seconds to build a corrected tree of B nodes: DARTree's depth-batched supertree + deferred pruning
+    (W = ceil(B / D), so the supertree can hold B nodes) against a sequential best-first heap that calls
+    the correction head once per node (`sequential_corrected_heap`), on one real drafter block."""
+    import math
+
+    from .draft import PathCorrector
+    from .tree import DepthwiseBuilder, prune_top_b, sequential_corrected_heap, width_schedule
+
+    target, drafter = models.target, models.drafter
+    ids = target.chat_ids(prompt)
+    dev = target.device
+    from transformers import DynamicCache
+
+    out = target.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None], DynamicCache(),
+                         feature_layers=tuple(drafter.cfg.target_layer_ids), logit_rows=slice(-1, None))
+    context = DrafterContext(drafter)
+    context.append(out.features, torch.arange(len(ids), device=dev))
+    depth = drafter.max_depth
+    block = draft_block(drafter, target, context, out.logits[0].argmax(), len(ids), depth, candidates)
+    rows = []
+    for b in budgets:
+        width = math.ceil(b / depth)
+
+        def batched():
+            builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(width), depth)
+            builder.run()
+            tree, _ = prune_top_b(builder.tree(), b)
+            return int(tree.tokens[-1])  # a host read, as the decoder's verify makes
+
+        def sequential():
+            tree = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), b, depth)
+            return int(tree.tokens[-1])
+
+        times = {"batched": [], "sequential": []}
+        for _ in range(repeats):  # interleaved
+            for name, fn in (("batched", batched), ("sequential", sequential)):
+                t0 = _sync_time(dev)
+                fn()
+                times[name].append(_sync_time(dev) - t0)
+        tb, ts = statistics.median(times["batched"]), statistics.median(times["sequential"])
+        rows.append({"budget": b, "width": width, "batched_seconds": tb, "sequential_seconds": ts,
+                     "ratio": ts / tb if tb else 0.0})
+    return rows

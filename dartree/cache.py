@@ -34,3 +34,15 @@ def compact_cache(cache, prefix_len: int, path: torch.Tensor) -> int:
 
 def cache_length(cache) -> int:
     return cache.get_seq_length()
+
+
+@torch.inference_mode()
+def truncate_cache(cache, length: int) -> None:
+    """Keep the first `length` rows of every layer (undo a verify pass that was only being timed).
+
+    transformers' `DynamicCache.crop` takes the number of tokens to *remove* in recent versions and the
+    length to keep in older ones; slicing the layers directly means the same thing in both.
+    """
+    for layer in cache_layers(cache):
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]

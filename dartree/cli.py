@@ -22,6 +22,22 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
+def _budget(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from exc
+
+
+def _add_prompt_source(p: argparse.ArgumentParser, limit: int) -> None:
+    p.add_argument("--prompt-file", default=None, help="JSONL prompts (default: the shared dev prompts)")
+    p.add_argument("--limit", type=int, default=limit)
+    p.add_argument("--spread", action="store_true",
+                   help="take --limit prompts evenly spaced over the file (the dev file is grouped by source)")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=DEFAULT_TARGET, help="smollm2-135m (embedded), a HF id or a folder")
     p.add_argument("--drafter", default="default",
@@ -35,7 +51,8 @@ def _add_decode_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     if not sweep:
         p.add_argument("--method", default="dartree", help=f"one of {', '.join(METHODS)}")
         p.add_argument("--width", type=int, default=None, help="supertree width W")
-        p.add_argument("--budget", type=int, default=None, help="verification budget B (tree nodes)")
+        p.add_argument("--budget", type=_budget, default=None,
+                       help="verification budget B (tree nodes), or 'auto' (dartree: cost-aware, per round)")
     p.add_argument("--depth", type=int, default=None, help="tree depth D (default: drafter block size - 1)")
     p.add_argument("--candidates", type=int, default=64, help="candidates per position C")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -58,16 +75,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
 
     bench = sub.add_parser("bench", help="interleaved speed comparison against plain decoding")
-    bench.add_argument("--prompt-file", default=None, help="JSONL prompts (default: the shared dev prompts)")
-    bench.add_argument("--limit", type=int, default=10)
+    _add_prompt_source(bench, 10)
     bench.add_argument("--methods", default="ar,chain,ddtree,dartree-fixed,dartree")
     bench.add_argument("--budgets", type=_int_list, default=None)
     bench.add_argument("--widths", type=_int_list, default=None)
+    bench.add_argument("--configs", default=None,
+                       help="exact configs instead of the grid, e.g. 'chain,ddtree:B=32,dartree:W=8:B=32,dartree:W=8:B=auto'")
+    bench.add_argument("--budget-policy", default=None, help="calibration file for B=auto (default: the shipped one)")
     bench.add_argument("--out", default=None, help="results JSON path")
     bench.add_argument("--cost-curve", action="store_true", help="also measure t_verify(N) and t_draft")
+    bench.add_argument("--plot", default=None, help="HTML plot path (speedups and the per-stage time split)")
     bench.add_argument("--no-progress", action="store_true")
     _add_decode_args(bench, sweep=True)
     _add_model_args(bench)
+
+    sw = sub.add_parser("sweep", help="replay every (method, W, B) on greedy continuations: exact tau, "
+                                      "speed predicted from the measured cost curve")
+    _add_prompt_source(sw, 30)
+    sw.add_argument("--methods", default="ar,chain,ddtree,dartree-fixed,dartree")
+    sw.add_argument("--budgets", type=_int_list, default=[8, 16, 24, 32, 48, 64])
+    sw.add_argument("--widths", type=_int_list, default=[2, 4, 8, 12])
+    sw.add_argument("--calibrate-out", default=None,
+                    help="also calibrate --budget auto on train prompts and write the policy here (then replay B=auto)")
+    sw.add_argument("--calibrate-prompts", type=int, default=12,
+                    help="train prompts for the calibration, taken from the end of the train file (never dev)")
+    sw.add_argument("--out", default=None, help="results JSON path")
+    sw.add_argument("--plot", default=None, help="HTML plot path")
+    sw.add_argument("--card", default=None, help="a drafter's TRAINING.md: write its tree-τ section from this sweep")
+    sw.add_argument("--no-progress", action="store_true")
+    _add_decode_args(sw, sweep=True)
+    _add_model_args(sw)
 
     train = sub.add_parser("train", help="generate data and train a drafter (see dartree.train)")
     try:
@@ -92,7 +129,14 @@ def default_shape(device_type: str) -> dict:
     return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
 
 
+def _budget_policy(models, path):
+    from .budget import policy_for
+
+    return policy_for(models.target, models.drafter_name, path)
+
+
 def cmd_generate(args) -> int:
+    from .bench import AUTO_BUDGET_CAP
     from .engine import DecodeSettings, generate
     from .models.loading import load_models
     from .prompts import read_prompt_file
@@ -105,14 +149,17 @@ def cmd_generate(args) -> int:
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
     shape = default_shape(models.target.device.type)
+    budget = shape["budget"] if args.budget is None else args.budget
     settings = DecodeSettings(method=args.method, width=shape["width"] if args.width is None else args.width,
-                              budget=shape["budget"] if args.budget is None else args.budget, depth=args.depth, candidates=args.candidates,
+                              budget=AUTO_BUDGET_CAP if budget == "auto" else budget, auto_budget=budget == "auto",
+                              depth=args.depth, candidates=args.candidates,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               max_new_tokens=args.max_new_tokens)
+    policy = _budget_policy(models, None) if settings.auto_budget else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     for i, prompt in enumerate(prompts):
-        res = generate(models.target, models.drafter, models.target.chat_ids(prompt), settings)
+        res = generate(models.target, models.drafter, models.target.chat_ids(prompt), settings, policy)
         if args.json:
             print(json.dumps({"prompt_index": i, "method": args.method, "text": res.text, "token_ids": res.token_ids,
                               "new_tokens": res.new_tokens, "rounds": res.rounds, "tau": res.tau,
@@ -125,38 +172,94 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from .bench import bench_configs, cost_curve, format_table, run_bench
+def _grid(args, models):
+    """The configs of --methods x --widths x --budgets (or --configs), validated before minutes are spent."""
+    from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
+
+    if getattr(args, "configs", None):
+        configs = parse_configs(args.configs)
+    else:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        unknown = [m for m in methods if m not in METHODS]
+        if unknown:
+            raise UserError(f"unknown method {unknown[0]!r}: choose from {', '.join(METHODS)}")
+        shape = default_shape(models.target.device.type)
+        configs = bench_configs(methods, args.widths or [shape["width"]], args.budgets or [shape["budget"]])
+    base = DecodeSettings(depth=args.depth, candidates=args.candidates, temperature=args.temperature, top_p=args.top_p,
+                          seed=args.seed, max_new_tokens=args.max_new_tokens)
+    for cfg in configs:
+        cfg.settings(base).validated(models.drafter.max_depth if models.drafter else None, models.target.vocab_size)
+    return configs, base
+
+
+def _write_json(path, results) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(results, indent=1))
+        print(f"[dartree] wrote {path}", file=sys.stderr)
+
+
+def cmd_bench(args) -> int:
+    from .bench import cost_curve, format_table, run_bench
     from .models.loading import load_models
     from .prompts import DEV_PROMPTS, read_prompt_file
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise UserError(f"unknown method {unknown[0]!r}: choose from {', '.join(METHODS)}")
-    prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit)
+    prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter, args.device, args.dtype)
-    shape = default_shape(models.target.device.type)
-    budgets = args.budgets or [shape["budget"]]
-    widths = args.widths or [shape["width"]]
-    base = DecodeSettings(depth=args.depth, candidates=args.candidates, temperature=args.temperature, top_p=args.top_p,
-                          seed=args.seed, max_new_tokens=args.max_new_tokens)
-    for w in widths:  # validate every knob before spending minutes
-        for b in budgets:
-            DecodeSettings(width=w, budget=b, candidates=args.candidates, depth=args.depth).validated(
-                models.drafter.max_depth if models.drafter else None, models.target.vocab_size)
+    configs, base = _grid(args, models)
+    policy = _budget_policy(models, args.budget_policy) if any(c.auto for c in configs) else None
     print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
-    results = run_bench(models, prompts, bench_configs(methods, widths, budgets), base, progress=not args.no_progress)
+    results = run_bench(models, prompts, configs, base, progress=not args.no_progress, budget_policy=policy)
+    results["command"] = _command_line(args)
     if args.cost_curve:
         results["cost_curve"] = cost_curve(models, prompts[0])
     print(format_table(results))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-        print(f"[dartree] wrote {args.out}", file=sys.stderr)
+    _write_json(args.out, results)
+    if args.plot:
+        from .sweep import write_bench_plot
+
+        write_bench_plot(results, args.plot)
+        print(f"[dartree] wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def cmd_sweep(args) -> int:
+    from .models.loading import load_models
+    from .prompts import DEV_PROMPTS, TRAIN_PROMPTS, read_prompt_file
+    from .sweep import card_section, format_sweep, run_sweep, write_plot
+
+    prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
+    calibration_prompts = None
+    if args.calibrate_out:
+        calibration_prompts = read_prompt_file(TRAIN_PROMPTS)[-args.calibrate_prompts:]
+    _set_threads(args.threads)
+    models = load_models(args.target, args.drafter, args.device, args.dtype)
+    if models.drafter is None:
+        raise UserError("the sweep needs a drafter")
+    configs, base = _grid(args, models)
+    print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
+    results = run_sweep(models, prompts, configs, base, calibration_prompts, args.calibrate_out,
+                        progress=not args.no_progress)
+    results["command"] = _command_line(args)
+    print(format_sweep(results))
+    _write_json(args.out, results)
+    if args.plot:
+        write_plot(results, args.plot)
+        print(f"[dartree] wrote {args.plot}", file=sys.stderr)
+    if args.card:
+        from .train.evaluate import replace_card_section
+
+        replace_card_section(Path(args.card), "Tree τ on dev prompts", card_section(results))
+        print(f"[dartree] updated {args.card}", file=sys.stderr)
+    return 0
+
+
+def _command_line(args) -> str:
+    import shlex
+
+    return "python -m dartree " + " ".join(shlex.quote(a) for a in args.argv)
 
 
 def cmd_train(args) -> int:
@@ -169,9 +272,12 @@ def cmd_train(args) -> int:
 
 def main(argv=None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "train": cmd_train}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep,
+                "train": cmd_train}[args.command](args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -50,6 +50,7 @@ class DecodeSettings:
     top_p: float = 1.0
     seed: int = 0
     max_new_tokens: int = 128
+    auto_budget: bool = False  # dartree: choose each round's budget (at most `budget`), see dartree.budget
 
     def validated(self, max_depth: int | None, vocab_size: int) -> "DecodeSettings":
         if self.method not in METHODS:
@@ -64,6 +65,8 @@ class DecodeSettings:
             (0.0 <= self.temperature <= MAX_TEMPERATURE,
              f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
+            (not self.auto_budget or self.method == "dartree",
+             f"an automatic budget applies to 'dartree' only, not {self.method!r}"),
             (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
              f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}"),
         ]
@@ -103,6 +106,40 @@ class GenerationResult:
         return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
+def make_builder(settings: DecodeSettings, block, corrector) -> DepthwiseBuilder | None:
+    """The depth-by-depth builder of a method (None for ddtree, whose heap is built in one go)."""
+    s = settings
+    if s.method == "ddtree":
+        return None
+    keep = {"chain": width_schedule(1), "dartree": width_schedule(s.width),
+            "dartree-fixed": fixed_quota_schedule(s.budget, s.depth)}[s.method]
+    return DepthwiseBuilder(block.draft, corrector, keep, s.depth)
+
+
+def round_budget(settings: DecodeSettings, supertree: Tree, budget_policy=None) -> int:
+    """B, or in auto mode the policy's choice for this supertree (capped by B; one host sync)."""
+    if budget_policy is None or not settings.auto_budget:
+        return settings.budget
+    return min(settings.budget, max(1, budget_policy.choose(supertree.scores[1:])))
+
+
+def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=None) -> tuple[Tree, Tree]:
+    """A whole round's tree at once, as the Decoder's depth and prune steps build it: (supertree, tree).
+
+    Used where nobody watches the depths (the replay sweep); the Decoder runs the same builders step
+    by step so that the explorer can draw each depth.
+    """
+    builder = make_builder(settings, block, corrector)
+    if builder is None:
+        tree = ddtree_heap(block.draft, settings.budget, settings.depth)
+        return tree, tree
+    builder.run()
+    supertree = builder.tree()
+    if settings.method == "dartree":
+        return supertree, prune_top_b(supertree, round_budget(settings, supertree, budget_policy))[0]
+    return supertree, supertree
+
+
 def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # stage boundaries only: timings must cover the GPU work
@@ -118,11 +155,14 @@ class Decoder:
     each browser session or benchmark run has its own.
     """
 
-    def __init__(self, target, drafter, prompt_ids: list[int], settings: DecodeSettings):
+    def __init__(self, target, drafter, prompt_ids: list[int], settings: DecodeSettings, budget_policy=None):
         self.target = target
         self.drafter = drafter if settings.method in TREE_METHODS else None
         max_depth = drafter.max_depth if drafter is not None else None
         self.settings = settings.validated(max_depth, target.vocab_size)
+        if self.settings.auto_budget and budget_policy is None:
+            raise UserError("an automatic budget needs a calibrated policy (dartree.budget.policy_for)")
+        self.budget_policy = budget_policy if self.settings.auto_budget else None
         if not prompt_ids:
             raise UserError("the prompt is empty: type something for the model to answer")
         reserve = self.settings.max_new_tokens + (drafter.block_size if drafter is not None else 1)
@@ -206,13 +246,7 @@ class Decoder:
         t0 = _now(self.device)
         self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
                                  s.depth, s.candidates)
-        corrector = PathCorrector(self.drafter, self.target, self.block)
-        if s.method == "ddtree":
-            self.builder = None
-        else:
-            keep = {"chain": width_schedule(1), "dartree": width_schedule(s.width),
-                    "dartree-fixed": fixed_quota_schedule(s.budget, s.depth)}[s.method]
-            self.builder = DepthwiseBuilder(self.block.draft, corrector, keep, s.depth)
+        self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
         seconds = _now(self.device) - t0
         self.round_seconds["draft"] += seconds
         self.next_stage = "depth"
@@ -248,15 +282,16 @@ class Decoder:
     def prune(self) -> TreeRecord:
         """DARTree's deferred top-B pruning; the other builders already respect their budget."""
         t0 = _now(self.device)
+        budget = round_budget(self.settings, self.supertree, self.budget_policy)
         if self.settings.method == "dartree":
-            self.tree, kept = prune_top_b(self.supertree, self.settings.budget)
+            self.tree, kept = prune_top_b(self.supertree, budget)
         else:
             self.tree, kept = self.supertree, None
         seconds = _now(self.device) - t0
         self.round_seconds["tree"] += seconds
         self.next_stage = "verify"
         t = self.tree
-        return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, kept, self.settings.budget, seconds)
+        return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, kept, budget, seconds)
 
     @torch.inference_mode()
     def verify(self) -> VerifyRecord:
@@ -331,6 +366,6 @@ class Decoder:
             finished=self.finished, settings=asdict(self.settings), round_records=list(self.rounds))
 
 
-def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings) -> GenerationResult:
-    """Decode one prompt to the end with the given method."""
-    return Decoder(target, drafter, prompt_ids, settings).run()
+def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings, budget_policy=None) -> GenerationResult:
+    """Decode one prompt to the end with the given method (`budget_policy` for settings.auto_budget)."""
+    return Decoder(target, drafter, prompt_ids, settings, budget_policy).run()

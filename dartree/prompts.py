@@ -10,10 +10,17 @@ from .errors import UserError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DEV_PROMPTS = SHARED_DATA / "dev_prompts.jsonl"
+TRAIN_PROMPTS = SHARED_DATA / "train_prompts.jsonl"
 
 
-def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts of a JSONL file, in file order; `limit` keeps the first N."""
+def read_prompt_file(path: str | Path, limit: int | None = None, spread: bool = False) -> list[str]:
+    """Prompts of a JSONL file, in file order; `limit` keeps the first N, or with `spread` N prompts
+    evenly spaced over the whole file (a fair sample of a file grouped by source)."""
+    if spread and limit is not None:
+        prompts = read_prompt_file(path)
+        if limit >= len(prompts):
+            return prompts
+        return [prompts[round(i * (len(prompts) - 1) / max(limit - 1, 1))] for i in range(limit)]
     path = Path(path)
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist")

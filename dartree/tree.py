@@ -264,3 +264,55 @@ def ddtree_heap(draft: Draft, budget: int, depth: int | None = None) -> Tree:
     return Tree(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev),
                 torch.tensor(depths, device=dev),
                 torch.tensor(scores, dtype=draft.cand_base_logits.dtype, device=dev), depth)
+
+
+def sequential_corrected_heap(draft: Draft, corrector: Corrector, budget: int, depth: int | None = None) -> Tree:
+    """The exact best-`budget` tree under corrected path scores, grown one node at a time.
+
+    This is what a DDTree-style best-first heap must do once scores depend on the path: every popped
+    node needs its own correction-head call (a GRU step and a residual, batch of one) and a host round
+    trip before its children can enter the heap. It has no width limit, so it is the reference DARTree's
+    depth-batched supertree approximates, and the baseline its build time is compared with
+    (`dartree.bench.tree_build_comparison`). Not used for decoding.
+    """
+    depth = draft.depth if depth is None else min(depth, draft.depth)
+    tokens, parents, depths, scores, states = [int(draft.anchor)], [-1], [0], [0.0], [corrector.root_state()]
+    children = {}  # node -> (sorted corrected log-probs, their candidate columns), on the host
+
+    def expand(node: int):
+        d = depths[node] + 1
+        base = draft.cand_base_logits[d - 1][None]
+        residual = corrector.residual(d, states[node])
+        lp = torch.log_softmax(base if residual is None else base + residual, dim=-1)[0]
+        order = torch.sort(lp, descending=True, stable=True)
+        children[node] = (order.values.double().tolist(), order.indices.tolist())
+
+    heap = []
+    counter = 0
+    if depth >= 1 and budget >= 1:
+        expand(0)
+        heap.append((-children[0][0][0], 0, 0, 0))  # (-score, tiebreak, parent, rank)
+    cand = draft.cand_tokens[:depth].tolist()
+    while heap and len(tokens) <= budget:
+        neg, _, parent, rank = heapq.heappop(heap)
+        d = depths[parent] + 1
+        column = children[parent][1][rank]
+        node = len(tokens)
+        tokens.append(cand[d - 1][column])
+        parents.append(parent)
+        depths.append(d)
+        scores.append(-neg)
+        if rank + 1 < len(children[parent][0]):
+            counter += 1
+            heapq.heappush(heap, (-(scores[parent] + children[parent][0][rank + 1]), counter, parent, rank + 1))
+        if d < depth:
+            tok = torch.tensor([tokens[node]], device=draft.cand_tokens.device)
+            states.append(corrector.advance(tok, states[parent]))
+            expand(node)
+            counter += 1
+            heapq.heappush(heap, (-(scores[node] + children[node][0][0]), counter, node, 0))
+        else:
+            states.append(None)
+    dev = draft.cand_tokens.device
+    return Tree(torch.tensor(tokens, device=dev), torch.tensor(parents, device=dev), torch.tensor(depths, device=dev),
+                torch.tensor(scores, dtype=draft.cand_base_logits.dtype, device=dev), depth)

@@ -44,3 +44,55 @@ def test_bench_writes_rows_against_plain_decoding(tmp_path):
         assert row["n_prompts"] == 2 and row["identical_to_ar"] == 2
     assert results["rows"][0]["speedup_vs_ar"] == 1.0
     assert "machine" in results
+
+
+def test_bench_configs_with_auto_budget_and_cost_curve(tmp_path):
+    """--configs picks exact configurations; B=auto uses a calibration file; --cost-curve adds t_verify(N)."""
+    from dartree.budget import AutoBudget
+
+    policy = tmp_path / "policy.json"
+    AutoBudget([-4.0, -1.0], [0.0, 0.2, 0.6], 0.03, {1: 0.08, 16: 0.14, 64: 0.4}, 64).save(
+        policy, extra={"target": "smollm2-135m", "drafter": "random", "device": "cpu"})
+    out_file = tmp_path / "results.json"
+    run("bench", "--limit", "1", "--configs", "chain,dartree:W=4:B=8,dartree:W=4:B=auto", "--max-new-tokens", "6",
+        "--drafter", "random", "--no-progress", "--budget-policy", str(policy), "--cost-curve", "--out", str(out_file),
+        "--plot", str(tmp_path / "bench.html"))
+    assert "share of a round" in (tmp_path / "bench.html").read_text()
+    results = json.loads(out_file.read_text())
+    assert [(r["method"], r["width"], r["budget"]) for r in results["rows"]] == [
+        ("ar", None, None), ("chain", None, None), ("dartree", 4, 8), ("dartree", 4, "auto")]
+    assert all(r["identical_to_ar"] == 1 for r in results["rows"])
+    curve = results["cost_curve"]
+    assert {"1", "16", "256"} <= set(curve["verify_seconds"]) and curve["draft_seconds"] > 0
+    assert curve["commit_seconds"] > 0 and results["command"].startswith("python -m dartree bench")
+
+
+def test_auto_budget_for_other_models_is_a_clear_error(tmp_path):
+    from dartree.budget import AutoBudget
+
+    policy = tmp_path / "policy.json"
+    AutoBudget([-1.0], [0.1, 0.5], 0.03, {1: 0.08, 64: 0.4}, 64).save(
+        policy, extra={"target": "smollm2-135m", "drafter": "default", "device": "cpu"})
+    out = subprocess.run([sys.executable, "-m", "dartree", "bench", "--limit", "1", "--configs", "dartree:W=2:B=auto",
+                          "--drafter", "random", "--budget-policy", str(policy)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and "calibrated for drafter 'default'" in out.stderr
+
+
+@pytest.mark.slow
+def test_sweep_replays_every_config_and_writes_json_plot_and_policy(tmp_path):
+    out, plot, policy = tmp_path / "sweep.json", tmp_path / "sweep.html", tmp_path / "auto.json"
+    run("sweep", "--drafter", "random", "--limit", "2", "--spread", "--max-new-tokens", "8", "--budgets", "8,16",
+        "--widths", "2", "--calibrate-out", str(policy), "--calibrate-prompts", "1", "--out", str(out),
+        "--plot", str(plot), "--no-progress", timeout=900)
+    results = json.loads(out.read_text())
+    got = [(r["method"], r["width"], r["budget"]) for r in results["rows"]]
+    assert got == [("ar", None, None), ("chain", None, None), ("ddtree", None, 8), ("ddtree", None, 16),
+                   ("dartree-fixed", None, 8), ("dartree-fixed", None, 16), ("dartree", 2, 8), ("dartree", 2, 16),
+                   ("dartree", 2, "auto")]
+    for r in results["rows"]:
+        assert r["tau"] >= 1.0 and r["predicted_speedup"] > 0
+    assert [t["budget"] for t in results["tree_build"]] == [16, 32, 64, 128, 256, 512, 1024]
+    assert "<html" in plot.read_text().lower()
+    saved = json.loads(policy.read_text())
+    assert saved["drafter"] == "random" and len(saved["rates"]) == len(saved["edges"]) + 1

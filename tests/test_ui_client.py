@@ -66,7 +66,7 @@ def test_full_round_through_the_api(server, plain_tokens):
     assert s["round"] == 1 and s["output_ids"] == plain_tokens[: len(s["output_ids"])]
     status, s = call(client, "/run_to_end")
     assert s["finished"] in ("eos", "length") and s["output_ids"] == plain_tokens
-    assert s["settings"]["budget"] == BUDGET and s["drafter"].startswith("UNTRAINED")
+    assert s["settings"]["budget"] == BUDGET and s["drafter"].startswith("trained on")
     trace = client.predict("json", api_name="/trace")
     assert open(trace).read().lstrip().startswith("{")
 

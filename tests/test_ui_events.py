@@ -68,8 +68,8 @@ def test_first_load_has_every_panel_filled(canonical, models):
     assert "ocean" in first["text"] or first["summary"]["output_ids"]
     assert first["summary"]["rounds"] == 1 and first["summary"]["next_stage"] == "draft"
     assert "ratio" in first["speed_md"]  # plain decoding was timed at start-up
-    assert models.drafter_description.startswith("UNTRAINED")
-    assert "UNTRAINED" in ui._drafter_banner(models)
+    assert models.drafter_description.startswith("trained on")  # the shipped drafter is the default
+    assert "UNTRAINED" not in ui._drafter_banner(models) and "trained on" in ui._drafter_banner(models)
 
 
 def test_stepping_a_round_stage_by_stage(canonical, plain):
@@ -201,3 +201,17 @@ def test_figures_from_plain_values_only():
     pos = figures.layered_layout([{"id": 0, "parent": None}, {"id": 1, "parent": 0, "order": 1},
                                   {"id": 2, "parent": 0, "order": 0}])
     assert pos[2][1] > pos[1][1] and pos[0] == (0, 0.5)
+
+
+def test_auto_budget_round_is_lossless_and_explains_its_choice(canonical, plain):
+    """The checkbox runs dartree with the shipped calibration: B varies per round, capped by the slider."""
+    session = copy.deepcopy(canonical)
+    values = ui.Controls(**dict(SMALL, budget=40, auto_budget=True)).values()
+    out = outputs(ui.event(session, "draft", *values))
+    for _ in range(7):
+        out = outputs(ui.event(session, "depth", *values))
+    out = outputs(ui.event(session, "prune", *values))
+    assert "auto budget chose B =" in out["status"] and 1 <= out["summary"]["tree_nodes"] <= 28
+    out = outputs(ui.event(session, "end", *values))
+    assert out["summary"]["output_ids"] == plain
+    assert ui.Controls.of(*values).auto_budget and not ui.Controls.of(*values[:-1], "false").auto_budget

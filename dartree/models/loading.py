@@ -60,7 +60,9 @@ def describe_checkpoint(folder: Path) -> str:
     info = json.loads((folder / "config.json").read_text()).get("dartree_training")
     if not info:
         return f"checkpoint {folder.name} (no training record)"
-    return f"trained on {info.get('train_tokens', '?')} tokens, {info.get('steps', '?')} steps (see TRAINING.md)"
+    tokens = info.get("train_tokens")
+    tokens = f"{tokens:,}" if isinstance(tokens, int) else "?"
+    return f"trained on {tokens} response tokens, {info.get('steps', '?')} steps (see {folder.name}/TRAINING.md)"
 
 
 def load_drafter(name: str, target: Target) -> tuple[DominoDrafter | None, str]:
@@ -71,14 +73,13 @@ def load_drafter(name: str, target: Target) -> tuple[DominoDrafter | None, str]:
         drafter, description = random_drafter(target), "UNTRAINED: random initialisation (seed 0)"
     else:
         folder = SHIPPED_DRAFTER if name == "default" else Path(name).expanduser()
+        if name == "default" and target.name != EMBEDDED_NAME:
+            raise UserError("there is no shipped drafter for this target: pass --drafter PATH_OR_HUB_ID")
         if name == "default" and not folder.exists():
-            if target.name != EMBEDDED_NAME:
-                raise UserError("there is no shipped drafter for this target: pass --drafter PATH_OR_HUB_ID")
-            print("[dartree] no trained drafter is shipped yet: using a random, UNTRAINED drafter")
-            drafter, description = random_drafter(target), "UNTRAINED: random initialisation (no shipped drafter yet)"
-        else:
-            drafter = DominoDrafter.from_pretrained(folder if folder.exists() else name)
-            description = describe_checkpoint(folder) if folder.exists() else f"checkpoint {name}"
+            raise UserError(f"the shipped drafter {folder} is missing (a partial checkout?); restore it with "
+                            "`git checkout -- assets/drafter-smollm2`, or pass --drafter random to run untrained")
+        drafter = DominoDrafter.from_pretrained(folder if folder.exists() else name)
+        description = describe_checkpoint(folder) if folder.exists() else f"checkpoint {name}"
     drafter.check_matches(target)
     return drafter.to(device=target.device, dtype=target.dtype).keep_gru_fp32().eval(), description
 

@@ -185,6 +185,7 @@ class Target:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    transposed_head: bool = True  # CPU LM-head GEMM as (W @ h.T).T for 2..64 rows (see lm_head)
 
     @property
     def config(self):
@@ -210,8 +211,18 @@ class Target:
         return self.model.get_input_embeddings()(token_ids)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits in fp32 for the given hidden rows."""
-        return self.model.get_output_embeddings()(hidden).float()
+        """Logits in fp32 for the given hidden rows.
+
+        On CPU, for a few rows (a tree, a draft block), `(W @ h.T).T` takes a faster GEMM path than
+        `F.linear`'s `h @ W.T` (see `python -m dartree bench --cost-curve`, "lm_head"); each row's
+        logits stay a function of that row alone, so tree and sequential decoding still agree.
+        """
+        head = self.model.get_output_embeddings()
+        rows = hidden.numel() // hidden.shape[-1] if hidden.numel() else 0
+        if self.transposed_head and hidden.device.type == "cpu" and 2 <= rows <= 64 and head.bias is None:
+            flat = hidden.reshape(rows, hidden.shape[-1])
+            return (head.weight @ flat.T).T.reshape(*hidden.shape[:-1], head.weight.shape[0]).float()
+        return head(hidden).float()
 
     def chat_ids(self, prompt: str) -> list[int]:
         """Token ids of a single user turn with the chat template and the assistant header."""

@@ -25,6 +25,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage", choices=("data", "train", "eval", "all"), default="all",
                    help="data: generate (resumable); train: train + export + card; eval: evaluate the export")
     add_datagen_arguments(p)  # --preset, --max-prompts, --batch-size, ... (data stage)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
+                   help="where the target and drafter run (under torchrun: one GPU per rank on cuda)")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=None)
     g.add_argument("--lr", type=float, default=None)
@@ -86,11 +88,14 @@ def run_train(args) -> dict:
     return result
 
 
-def _load(args, preset):
+def _load(args, preset, device=None):
     from ..models.target import load_target
     from .trainer import SeqStore, split_heldout
 
-    target = load_target(preset["target"], device="cpu")  # fp32: training and eval match inference
+    device = device or torch.device("cpu")
+    # CPU: an fp32 target (autocast does the bf16 matmuls). CUDA: --dtype, bf16 by default.
+    dtype = None if device.type == "cpu" else (getattr(args, "dtype", None) or "bf16")
+    target = load_target(preset["target"], device=str(device), dtype=dtype)
     store = SeqStore.from_shards(tokens_dir(args.preset), features_dir(args.preset))
     if len(store) == 0:
         raise SystemExit("no training data with features: run --stage data first (or --features-only)")
@@ -100,13 +105,16 @@ def _load(args, preset):
 
 
 def _stage_train(args, preset) -> dict:
-    from .evaluate import evaluate_chain, write_card
+    from .evaluate import evaluate_chain, replace_card_section, training_curve_section, write_card
     from .trainer import drafter_from_preset, export, format_eval, summarize, train, write_json
 
+    from .distributed import DistContext
+
     t_start = time.time()
-    target, store, cfg, train_ids, heldout_ids = _load(args, preset)
+    dist = DistContext.from_env(getattr(args, "device", "cpu"))
+    target, store, cfg, train_ids, heldout_ids = _load(args, preset, dist.device)
     spec = _drafter_spec(preset, args)
-    drafter = drafter_from_preset(target, spec, init=cfg.init, seed=cfg.seed)
+    drafter = drafter_from_preset(target, spec, init=cfg.init, seed=cfg.seed).to(dist.device)
     drafter.check_matches(target)
     ckpt = features_dir(args.preset) / "ckpt" / f"{args.run_name}.pt"
     if args.fresh and ckpt.exists():
@@ -117,12 +125,18 @@ def _stage_train(args, preset) -> dict:
             if tokens_dir(args.preset).is_relative_to(REPO_ROOT) else str(tokens_dir(args.preset)),
             "generation": json.dumps(preset["data"])}
     print(f"[train] {data}", flush=True)
-    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt)
+    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist)
+    if not dist.is_main:
+        dist.close()
+        return {}
     # final evaluation in fp32, like inference (periodic ones follow --autocast)
     final_eval = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq)
     print("[eval] final (fp32): " + format_eval(final_eval), flush=True)
     out = Path(args.out) if args.out else DEFAULT_EXPORT.get(args.preset, REPO_ROOT / "assets" / f"drafter-{args.preset}")
-    size = export(drafter, out)
+    record = {"preset": args.preset, "steps": cfg.steps, "init": cfg.init,
+              "train_tokens": data["response tokens (all)"], "train_sequences": data["sequences (train)"],
+              "command": _command_line()}
+    size = export(drafter, out, record=record)
     summary = summarize(history)
     write_json(features_dir(args.preset) / "ckpt" / f"{args.run_name}-summary.json",
                {"summary": summary, "eval": history["eval"], "data": data})
@@ -133,7 +147,11 @@ def _stage_train(args, preset) -> dict:
                       steps=cfg.steps, wall_seconds=history["seconds"],
                       extra={"export size (MB)": f"{size / 1e6:.1f}",
                              "process wall time incl. loading (min)": f"{(time.time() - t_start) / 60:.1f}"})
+    curve = training_curve_section(history, cfg, drafter.block_size, out)
+    if curve:
+        replace_card_section(card, "τ against training tokens", curve)
     print(f"[train] exported {out} ({size / 1e6:.1f} MB), card {card}", flush=True)
+    dist.close()
     return {"summary": summary, "eval": final_eval, "export": str(out), "size_bytes": size}
 
 

@@ -524,8 +524,9 @@ def run_datagen(args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     layers = tuple(preset["drafter"]["target_layer_ids"])
-    target = load_target(preset["target"], device="cpu")
-    if d["dtype"] == "bf16":
+    device = getattr(args, "device", "cpu")
+    target = load_target(preset["target"], device=device, dtype="bf16" if device == "cuda" and d["dtype"] == "bf16" else None)
+    if d["dtype"] == "bf16" and target.dtype != torch.bfloat16:
         # load_target refuses bf16 on CPU (inference must be exact); for data generation speed matters
         # more: bf16 greedy text is still the target's own text, and features differ by ~1.4% (relative).
         target.model.to(torch.bfloat16)

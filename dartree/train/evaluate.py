@@ -37,6 +37,7 @@ def evaluate_chain(target, drafter, store, seq_ids, anchors_per_seq: int = 8, se
     was_training = drafter.training
     drafter.eval()
     K = drafter.block_size
+    device = next(drafter.parameters()).device
     hits_b = np.zeros(K - 1)
     hits_c = np.zeros(K - 1)
     count = np.zeros(K - 1)
@@ -46,19 +47,19 @@ def evaluate_chain(target, drafter, store, seq_ids, anchors_per_seq: int = 8, se
     for s in range(0, len(seq_ids), seqs_per_batch):
         seqs = list(seq_ids[s:s + seqs_per_batch])
         anchors = [eval_anchors(store.anchors(i), anchors_per_seq) for i in seqs]
-        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id)
-        with autocast(autocast_mode):
+        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device)
+        with autocast(autocast_mode, device.type):
             base, corrected = drafter_logits(target, drafter, batch)
         base = base.float()
         corrected = base if corrected is None else corrected.float()
         valid = batch.valid
         for logits, hits, lens in ((base, hits_b, acc_len_b), (corrected, hits_c, acc_len_c)):
             ok = (logits.argmax(-1) == batch.labels) & valid  # [b, A, K-1]
-            hits += ok.sum((0, 1)).numpy()
+            hits += ok.sum((0, 1)).cpu().numpy()
             chain = ok.long().cumprod(-1).sum(-1)  # consecutive correct from position 1
             block_ok = valid[..., 0]
             lens.extend(chain[block_ok].tolist())
-        count += valid.sum((0, 1)).numpy()
+        count += valid.sum((0, 1)).cpu().numpy()
         v = valid.reshape(-1)
         lab = batch.labels.reshape(-1)[v]
         ce_b += float(F.cross_entropy(base.reshape(-1, base.shape[-1])[v], lab, reduction="sum"))
@@ -139,3 +140,74 @@ def write_card(folder: Path, *, command: str, repo: Path, preset: str, preset_co
     path = folder / "TRAINING.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def label_tokens_seen(step: int, cfg, block_size: int) -> int:
+    """Training label tokens consumed by `step` steps (blocks x (K - 1) positions)."""
+    return int(step * cfg.seqs_per_step * cfg.anchors_per_seq * (block_size - 1))
+
+
+def training_curve_section(history: dict, cfg, block_size: int, folder: Path) -> list[str]:
+    """The card's τ-against-training-tokens table, with its SVG chart written beside the card."""
+    rows = [(label_tokens_seen(e["step"], cfg, block_size), e["step"], e["tau_base"], e["tau_corr"], e["acc_corr"][0])
+            for e in history.get("eval", [])]
+    if not rows:
+        return []
+    svg = svg_line_chart({"corrected (with the GRU head)": [(t, c) for t, _, _, c, _ in rows],
+                          "base (marginals)": [(t, b) for t, _, b, _, _ in rows]},
+                         "training label tokens seen", "chain τ (teacher-forced)", "Held-out chain τ during training")
+    (Path(folder) / "tau_vs_tokens.svg").write_text(svg)
+    body = ["Periodic held-out evaluations (bf16 autocast, like training). More tokens seen = more steps over",
+            "the same data set; the slope at the end is what more training would buy.", "",
+            "![chain τ against training tokens](tau_vs_tokens.svg)", "",
+            "| step | label tokens seen | chain τ base | chain τ corrected | top-1 @1 corrected |", "|---|---|---|---|---|"]
+    body += [f"| {s} | {t:,} | {b:.3f} | {c:.3f} | {a:.3f} |" for t, s, b, c, a in rows]
+    return body
+
+
+def svg_line_chart(series: dict, x_label: str, y_label: str, title: str, width: int = 560, height: int = 320) -> str:
+    """A dependency-free SVG line chart (a markdown card can show it; plotly cannot be embedded there)."""
+    pts = [p for s in series.values() for p in s]
+    if not pts:
+        return ""
+    x0, x1 = 0.0, max(p[0] for p in pts) or 1.0
+    y0, y1 = min(1.0, min(p[1] for p in pts)), max(p[1] for p in pts) * 1.1 or 1.0
+    L, R, T, B = 60, 20, 40, 50
+    sx = lambda x: L + (x - x0) / (x1 - x0) * (width - L - R)  # noqa: E731
+    sy = lambda y: height - B - (y - y0) / (y1 - y0) * (height - T - B)  # noqa: E731
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
+           f'<line x1="{L}" y1="{height - B}" x2="{width - R}" y2="{height - B}" stroke="black"/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{height - B}" stroke="black"/>',
+           f'<text x="{width / 2}" y="{height - 12}" text-anchor="middle">{x_label}</text>',
+           f'<text x="16" y="{height / 2}" text-anchor="middle" transform="rotate(-90 16 {height / 2})">{y_label}</text>']
+    for i in range(5):
+        yv = y0 + (y1 - y0) * i / 4
+        xv = x0 + (x1 - x0) * i / 4
+        out.append(f'<text x="{L - 6}" y="{sy(yv) + 4:.1f}" text-anchor="end">{yv:.2f}</text>')
+        out.append(f'<text x="{sx(xv):.1f}" y="{height - B + 16}" text-anchor="middle">{xv / 1e6:.2f}M</text>')
+    for k, (name, s) in enumerate(series.items()):
+        c = colours[k % len(colours)]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(s))
+        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+        out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{c}"/>' for x, y in s]
+        out.append(f'<text x="{L + 10}" y="{T + 14 + 16 * k}" fill="{c}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def replace_card_section(card: Path, title: str, body: list[str]) -> None:
+    """Put a `## title` section into the card (replacing one of the same title): for results that come
+    later than training, such as tree τ from the decoding engine."""
+    card = Path(card)
+    lines = card.read_text().splitlines()
+    head = f"## {title}"
+    if head in lines:
+        start = lines.index(head)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines = lines[:start] + lines[end:]
+    cut = next((i for i, line in enumerate(lines) if line == "## Configuration"), len(lines))
+    lines = lines[:cut] + [head, ""] + body + [""] + lines[cut:]
+    card.write_text("\n".join(lines) + "\n")

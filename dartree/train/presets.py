@@ -33,6 +33,29 @@ PRESETS: dict[str, dict] = {
             "init": "random", "autocast": "bf16", "eval_every": 250, "ckpt_every": 250, "heldout_seqs": 64, "seed": 0,
         },
     },
+    # A Qwen3-class recipe for GPUs (the Huang2020/Qwen3-4B-Domino-b16 shape: 16-token blocks). Written from
+    # Qwen3-4B's public config; not run here (no GPU was lent to this project). Use with --device cuda,
+    # and torchrun for several GPUs (see the README).
+    "qwen3-4b-gpu": {
+        "target": "Qwen/Qwen3-4B",
+        "drafter": {
+            "hidden_size": 2560, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "intermediate_size": 9728,
+            "vocab_size": 151936, "num_target_layers": 36, "target_layer_ids": build_target_layer_ids(36, 5),
+            "mask_token_id": 151662,  # <|fim_pad|>: never produced in chat
+            "num_layers": 5, "block_size": 16, "emb_dim": 256, "gru_hidden_dim": 512,
+            "pure_draft_prefix_len": 0, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 40960,
+        },
+        "data": {
+            "max_prompt_tokens": 1024, "max_new_tokens": 1024, "batch_size": 128, "shard_size": 512,
+            "max_prompts": 20000, "dtype": "bf16",
+        },
+        "train": {
+            "lr": 6e-4, "weight_decay": 0.01, "warmup_steps": 500, "steps": 20000, "anchors_per_seq": 32,
+            "seqs_per_step": 16, "gamma": 7.0, "base_weight_steps_frac": 1.0, "grad_clip": 1.0,
+            "init": "random", "autocast": "bf16", "eval_every": 1000, "ckpt_every": 500, "heldout_seqs": 256, "seed": 0,
+        },
+    },
 }
 
 

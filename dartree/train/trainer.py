@@ -125,6 +125,9 @@ class Batch:
     labels: torch.Tensor  # [b, A, K-1]: x_{p+1} .. x_{p+K-1}
     valid: torch.Tensor  # [b, A, K-1] bool
 
+    def to(self, device) -> "Batch":
+        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 def build_batch(store: SeqStore, seq_ids: list[int], anchors: list[np.ndarray], block_size: int,
                 mask_token_id: int) -> Batch:
@@ -177,6 +180,8 @@ def drafter_logits(target: Target, drafter: DominoDrafter, batch: Batch):
     mask = batch.attn_mask
     h = drafter.block_hidden(block_emb, batch.block_positions, ctx_kv, attn_mask=mask)
     z = h.view(b, A, K, -1)[:, :, 1:]  # slot 0 is the anchor
+    if z.dtype != target.dtype and not torch.is_autocast_enabled(z.device.type):
+        z = z.to(target.dtype)  # a bf16 target without autocast
     base = target.lm_head(z)
     corrected = None
     if drafter.cfg.has_correction:
@@ -190,11 +195,11 @@ def drafter_logits(target: Target, drafter: DominoDrafter, batch: Batch):
     return base, corrected
 
 
-def autocast(mode: str):
+def autocast(mode: str, device_type: str = "cpu"):
     """bf16 autocast for the matmuls (the full-vocab logits dominate a step); weights stay fp32."""
     if mode not in ("bf16", "off"):
         raise ValueError(f"unknown autocast mode {mode!r}: bf16 or off")
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16")
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=mode == "bf16")
 
 
 def position_weights(K: int, gamma: float) -> torch.Tensor:
@@ -332,31 +337,43 @@ def sample_step(store: SeqStore, train_ids: list[int], rng: np.random.Generator,
 
 
 def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: list[int], heldout_ids: list[int],
-          cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False) -> dict:
-    """The training loop; resumes from `ckpt_path` when it exists. Returns the history of losses/evals."""
+          cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False, dist=None) -> dict:
+    """The training loop; resumes from `ckpt_path` when it exists. Returns the history of losses/evals.
+
+    `dist` (a DistContext) runs it data-parallel: rank r samples with seed + r, DDP averages the
+    gradients, and only rank 0 logs, evaluates and checkpoints.
+    """
+    from .distributed import DistContext, DrafterLoss
     from .evaluate import evaluate_chain
 
+    dist = dist or DistContext()
     for p in target.model.parameters():
         p.requires_grad_(False)
     drafter.train()
+    model = dist.wrap(DrafterLoss(drafter, target))
+    device = next(drafter.parameters()).device
     opt, sched = make_optimizer(drafter, cfg)
-    rng = np.random.default_rng(cfg.seed)
+    rng = np.random.default_rng(cfg.seed + dist.rank)
+    if not dist.is_main:
+        log = lambda *a, **k: None  # noqa: E731
     torch.manual_seed(cfg.seed)
     history: dict = {"loss": [], "loss_base": [], "loss_corr": [], "eval": [], "seconds": 0.0}
     step = 0
     if ckpt_path is not None and Path(ckpt_path).is_file():
         state = load_checkpoint(ckpt_path, drafter, opt, sched, rng)
         step, history = state["step"], state["history"]
+        if dist.distributed:  # the checkpoint holds rank 0's sampler; the others continue their own stream
+            rng = np.random.default_rng([cfg.seed + dist.rank, step])
         log(f"[train] resumed from {ckpt_path} at step {step}")
     K = drafter.block_size
-    weights = position_weights(K, cfg.gamma)
+    weights = position_weights(K, cfg.gamma).to(device)
     t0 = time.time() - history["seconds"]
     window: list[tuple[float, float, float]] = []
     while step < cfg.steps:
         seqs, anchors = sample_step(store, train_ids, rng, cfg)
-        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id)
-        with autocast(cfg.autocast):
-            base, corrected = drafter_logits(target, drafter, batch)
+        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device)
+        with autocast(cfg.autocast, device.type):
+            base, corrected = model(batch)
         base = base.float()
         corrected = corrected.float() if corrected is not None else None
         ce_base = weighted_ce(base, batch, weights)
@@ -385,7 +402,7 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             log(f"[train] step {step}/{cfg.steps} loss {m[0]:.3f} ce_base {m[1]:.3f} ce_corr {m[2]:.3f} "
                 f"w_base {wb:.2f} lr {sched.get_last_lr()[0]:.2e} {el / step:.2f}s/step")
         last = step == cfg.steps
-        if heldout_ids and cfg.eval_every and (step % cfg.eval_every == 0 or last):
+        if dist.is_main and heldout_ids and cfg.eval_every and (step % cfg.eval_every == 0 or last):
             ev = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq,
                                 autocast_mode=cfg.autocast)
             ev["step"] = step
@@ -393,7 +410,7 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             log(f"[eval] step {step}: " + format_eval(ev))
             drafter.train()
         history["seconds"] = time.time() - t0
-        if ckpt_path is not None and cfg.ckpt_every and (step % cfg.ckpt_every == 0 or last):
+        if dist.is_main and ckpt_path is not None and cfg.ckpt_every and (step % cfg.ckpt_every == 0 or last):
             save_checkpoint(ckpt_path, drafter, opt, sched, step, history, rng, cfg)
     drafter.eval()
     return history
@@ -416,9 +433,13 @@ def summarize(history: dict, last: int = 50) -> dict:
     return out
 
 
-def export(drafter: DominoDrafter, folder: Path, dtype=torch.bfloat16) -> int:
-    """The shipped checkpoint (public Domino layout, 16-bit); returns its size in bytes."""
-    drafter.save_pretrained(folder, dtype=dtype)
+def export(drafter: DominoDrafter, folder: Path, dtype=torch.bfloat16, record: dict | None = None) -> int:
+    """The shipped checkpoint (public Domino layout, 16-bit); returns its size in bytes.
+
+    `record` lands in config.json as ``dartree_training`` (preset, steps, tokens, command), which is
+    what the app and the CLI show next to every number measured with this drafter.
+    """
+    drafter.save_pretrained(folder, dtype=dtype, extra_config={"dartree_training": record} if record else None)
     return sum(p.stat().st_size for p in Path(folder).iterdir() if p.is_file())
 
 

@@ -23,6 +23,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from .. import TREE_METHODS  # noqa: E402
+from ..defaults import CPU_DEFAULTS  # noqa: E402
 from ..engine import Decoder, DecodeSettings, generate  # noqa: E402
 from ..errors import UserError  # noqa: E402
 from ..trace import DepthRecord  # noqa: E402
@@ -56,13 +57,14 @@ class Controls:
 
     prompt: str = DEFAULT_PROMPT
     method: str = "dartree"
-    width: int = 8
-    budget: int = 32
+    width: int = CPU_DEFAULTS["width"]  # the best (W, B) measured on this CPU (dartree.defaults)
+    budget: int = CPU_DEFAULTS["budget"]
     depth: int = 7
-    candidates: int = 64
+    candidates: int = CPU_DEFAULTS["candidates"]
     temperature: float = 0.0
     seed: int = 0
     max_new_tokens: int = 32
+    auto_budget: bool = CPU_DEFAULTS.get("auto_budget", False)  # dartree: per-round B by expected tokens/s
 
     @classmethod
     def of(cls, *values, **named) -> "Controls":
@@ -75,7 +77,10 @@ class Controls:
             if v is None:
                 v = f.default
             try:
-                out[f.name] = str(v) if f.type == "str" else (float(v) if f.type == "float" else int(round(float(v))))
+                if f.type == "bool":
+                    out[f.name] = v if isinstance(v, bool) else str(v).strip().lower() in ("1", "true", "yes", "on")
+                else:
+                    out[f.name] = str(v) if f.type == "str" else (float(v) if f.type == "float" else int(round(float(v))))
             except (TypeError, ValueError) as exc:
                 raise UserError(f"{f.name} must be a number, got {v!r}") from exc
         return cls(**out)
@@ -83,7 +88,8 @@ class Controls:
     def settings(self) -> DecodeSettings:
         return DecodeSettings(method=self.method, width=self.width, budget=self.budget, depth=self.depth,
                               candidates=self.candidates, temperature=self.temperature, seed=self.seed,
-                              max_new_tokens=self.max_new_tokens)
+                              max_new_tokens=self.max_new_tokens,
+                              auto_budget=self.auto_budget and self.method == "dartree")
 
     def values(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -132,13 +138,23 @@ def new_session(models) -> Session:
 
 
 # ---------------------------------------------------------------------------------------- engine steps
+def _budget_policy(models, settings: DecodeSettings):
+    """The calibrated auto-budget policy when the settings ask for it (a clear message when none fits)."""
+    if not settings.auto_budget:
+        return None
+    from ..budget import policy_for
+
+    return policy_for(models.target, models.drafter_name)
+
+
 def _ensure_decoder(session: Session, controls: Controls, force: bool = False) -> str | None:
     """Make the session's decoder match the controls; returns a note when it (re)started."""
     if not force and session.decoder is not None and session.controls == controls:
         return None
     target = session.models.target
     prompt_ids = target.chat_ids(controls.prompt)
-    decoder = Decoder(target, session.models.drafter, prompt_ids, controls.settings())
+    settings = controls.settings()
+    decoder = Decoder(target, session.models.drafter, prompt_ids, settings, _budget_policy(session.models, settings))
     changed = session.decoder is not None and not force
     session.decoder, session.controls = decoder, controls
     session.marks, session.last_stage = [], None
@@ -191,22 +207,25 @@ def _absorb(session: Session, rec) -> tuple[str, set]:
         tv = tree_view(rec, texts)
         alive = [n for n in view["nodes"] if n.get("survived") is not False]
         total = len(alive) - 1
+        budget = rec.budget  # B, or the auto budget's choice for this round
         if tv["kept"] is not None:
             kept = tv["kept"]
             cut = sorted((n["score"] for n in alive[1:]), reverse=True)
-            if total > s.budget:
-                caption = (f"kept the best {s.budget} of {total} supertree nodes; the lowest kept path score is "
-                           f"{cut[s.budget - 1]:.2f}")
-                sentence = (f"Deferred pruning kept the {s.budget} best of the supertree's {total} nodes by path "
-                            f"score, across all depths at once; the tree to verify has {len(kept) - 1} nodes.")
+            how = (f"the auto budget chose B = {budget} (at most {s.budget}) by expected tokens per second; "
+                   if s.auto_budget else "")
+            if total > budget:
+                caption = (f"kept the best {budget} of {total} supertree nodes; the lowest kept path score is "
+                           f"{cut[budget - 1]:.2f}")
+                sentence = (f"Deferred pruning: {how}it kept the {budget} best of the supertree's {total} nodes by "
+                            f"path score, across all depths at once; the tree to verify has {len(kept) - 1} nodes.")
             else:
-                caption = f"the supertree has {total} ≤ B = {s.budget} nodes: all kept"
-                sentence = f"The supertree has only {total} nodes (≤ B = {s.budget}), so pruning keeps them all."
+                caption = f"the supertree has {total} ≤ B = {budget} nodes: all kept"
+                sentence = f"{how}The supertree has only {total} nodes (≤ B = {budget}), so pruning keeps them all."
         else:
             kept = [n["id"] for n in alive]
             caption = f"{s.method} grows within its budget: all {total} nodes kept, nothing pruned"
             sentence = f"{s.method} already built its tree within the budget: nothing to prune ({total} nodes)."
-        view["prune"] = {"kept": kept, "scores": [n["score"] for n in alive[1:]], "budget": s.budget,
+        view["prune"] = {"kept": kept, "scores": [n["score"] for n in alive[1:]], "budget": rec.budget,
                          "caption": caption}
         view["pruned"] = dict(tv, prefix_len=dec.prefix_len)
         return sentence, {"prune_fig", "rank_fig", "mask_fig"}
@@ -483,8 +502,9 @@ def race(models, controls: Controls, methods=RACE_METHODS):
     prompt_ids = target.chat_ids(controls.prompt)
     decoders = []
     for method in methods:
-        settings = replace(controls.settings(), method=method)
-        decoders.append(Decoder(target, models.drafter if method in TREE_METHODS else None, prompt_ids, settings))
+        settings = replace(controls.settings(), method=method, auto_budget=controls.auto_budget and method == "dartree")
+        decoders.append(Decoder(target, models.drafter if method in TREE_METHODS else None, prompt_ids, settings,
+                                _budget_policy(models, settings)))
 
     def lanes():
         out = []
@@ -702,6 +722,9 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                     method = gr.Radio(list(METHOD_CHOICES), value=c0.method, label="Method", elem_id="method")
                     width = gr.Slider(1, 64, value=c0.width, step=1, label="Width W (kept per depth)")
                     budget = gr.Slider(1, 256, value=c0.budget, step=1, label="Budget B (nodes verified)")
+                    auto_budget = gr.Checkbox(value=c0.auto_budget, elem_id="auto-budget",
+                                              label="Auto budget: per round, the B with the most expected tokens/s "
+                                                    "(dartree; the slider is then its cap)")
                     depth = gr.Slider(1, max_depth, value=c0.depth, step=1, label="Depth D")
                     candidates = gr.Slider(1, 128, value=c0.candidates, step=1, label="Candidates C per position")
                     temperature = gr.Slider(0.0, 1.5, value=c0.temperature, step=0.05, label="Temperature")
@@ -749,7 +772,7 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                             b_trace = gr.Button("Export round trace")
                             trace_file = gr.File(label="Trace file", interactive=False)
                         summary_json = gr.JSON(first["summary"], label="Summary")
-            controls = [prompt, method, width, budget, depth, candidates, temperature, seed, max_new]
+            controls = [prompt, method, width, budget, depth, candidates, temperature, seed, max_new, auto_budget]
             outputs = [state, status, summary_json, draft_fig, supertree_fig, correction_fig, prune_fig, rank_fig,
                        mask_fig, verify_fig, text, speed_fig, timeline_fig, speed_md]
             for button, action in ((b_draft, "draft"), (b_depth, "depth"), (b_prune, "prune"), (b_verify, "verify"),

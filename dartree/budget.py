@@ -1,0 +1,139 @@
+"""Cost-aware verification budget (`--budget auto`).
+
+DARTree's fixed B verifies the same number of nodes every round, however confident the drafter is.
+`AutoBudget` instead picks, per round, how many of the best-scoring supertree nodes to verify:
+
+    n* = argmax_n  E[committed tokens | best n nodes] / t_round(n)
+
+- The ranked nodes form a prefix-closed tree for every n (scores only fall along a path), and the
+  accepted length is the number of accepted-path nodes inside the verified tree, so
+  E[committed] = 1 + sum of P(node on the accepted path) over the n nodes.
+- P(on path | path score) is calibrated on prompts the drafter never trained on, by replaying the
+  supertree against greedy continuations (dartree.replay), binned by score and made monotone.
+- t_round(n) = the round's fixed cost (draft, tree, commit) + t_verify(n + 1) from the measured cost
+  curve of this machine.
+
+The choice is one small batched computation over the sorted scores; reading n back is the one
+extra host sync a round in auto mode makes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_POLICY = REPO_ROOT / "assets" / "benchmarks" / "auto-budget.json"
+
+
+def monotone_rates(hits: list[float], counts: list[float]) -> list[float]:
+    """Pool-adjacent-violators: bin rates made non-decreasing in score, weighted by bin counts."""
+    blocks = []  # [rate, weight, n_bins]
+    for h, c in zip(hits, counts):
+        blocks.append([h / c if c else 0.0, float(c), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            r2, w2, n2 = blocks.pop()
+            r1, w1, n1 = blocks.pop()
+            w = w1 + w2
+            blocks.append([(r1 * w1 + r2 * w2) / w if w else 0.0, w, n1 + n2])
+    rates = []
+    for r, _, n in blocks:
+        rates += [r] * n
+    return rates
+
+
+DEFAULT_EDGES = (-16.0, -12.0, -10.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5)
+
+
+def calibrate(samples, edges=DEFAULT_EDGES) -> dict:
+    """P(on accepted path | score bin) from (scores [n], on_path [n] bool) pairs of replayed supertrees."""
+    edges_t = torch.tensor(edges)
+    hits = torch.zeros(len(edges) + 1)
+    counts = torch.zeros(len(edges) + 1)
+    for scores, on_path in samples:
+        b = torch.bucketize(scores.float(), edges_t)
+        counts += torch.bincount(b, minlength=len(edges) + 1).float()
+        hits += torch.bincount(b, weights=on_path.float(), minlength=len(edges) + 1)
+    return {"edges": list(edges), "rates": monotone_rates(hits.tolist(), counts.tolist()),
+            "counts": counts.long().tolist()}
+
+
+@dataclass
+class AutoBudget:
+    """The per-round budget rule, from a calibration and a cost curve of one machine."""
+
+    edges: list
+    rates: list
+    fixed_seconds: float  # per round: draft + tree + commit
+    verify_seconds: dict  # N -> seconds of one target forward over N tree tokens
+    max_nodes: int = 256
+    source: str = ""
+
+    def __post_init__(self):
+        from .replay import interpolate_verify
+
+        self._edges = torch.tensor(self.edges)
+        self._rates = torch.tensor(self.rates)
+        n = torch.arange(1, self.max_nodes + 1)
+        costs = {"verify_seconds": self.verify_seconds}
+        self._round_seconds = torch.tensor([self.fixed_seconds + interpolate_verify(costs, int(k) + 1) for k in n],
+                                           dtype=torch.float64)
+
+    def expected_committed(self, scores_sorted: torch.Tensor) -> torch.Tensor:
+        """[n] expected committed tokens when verifying the best 1..n nodes."""
+        p = self._rates.to(scores_sorted.device)[torch.bucketize(scores_sorted.float(), self._edges.to(scores_sorted.device))]
+        return 1.0 + torch.cumsum(p.double(), 0)
+
+    def choose(self, scores: torch.Tensor) -> int:
+        """How many of the nodes (scores of the non-root supertree nodes) to verify this round."""
+        if scores.numel() == 0:
+            return 0
+        top = torch.sort(scores, descending=True).values[: self.max_nodes]
+        rate = self.expected_committed(top) / self._round_seconds[: top.shape[0]].to(top.device)
+        return int(rate.argmax()) + 1
+
+    def save(self, path: Path, extra: dict | None = None) -> None:
+        data = {k: v for k, v in asdict(self).items()}
+        data["verify_seconds"] = {str(k): v for k, v in self.verify_seconds.items()}
+        data.update(extra or {})
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> "AutoBudget":
+        data = json.loads(Path(path).read_text())
+        return cls(edges=data["edges"], rates=data["rates"], fixed_seconds=float(data["fixed_seconds"]),
+                   verify_seconds={int(k): float(v) for k, v in data["verify_seconds"].items()},
+                   max_nodes=int(data.get("max_nodes", 256)), source=str(data.get("source", path)))
+
+
+_POLICIES: dict = {}
+
+
+def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudget:
+    """The auto-budget policy for these models on this kind of device, loaded once per process.
+
+    The shipped calibration belongs to the embedded target, the shipped drafter and a CPU; anything
+    else needs its own (`python -m dartree sweep --calibrate-out FILE`), since both the acceptance
+    rates and the cost curve change with the models and the machine.
+    """
+    path = Path(path) if path is not None else SHIPPED_POLICY
+    key = (str(path), target.name, drafter_name, target.device.type)
+    if key in _POLICIES:
+        return _POLICIES[key]
+    if not path.is_file():
+        raise UserError(f"--budget auto needs a calibration file; {path} does not exist "
+                        "(make one with `python -m dartree sweep --calibrate-out FILE`)")
+    data = json.loads(path.read_text())
+    want = {"target": target.name, "drafter": drafter_name, "device": target.device.type}
+    for k, v in want.items():
+        if data.get(k) != v:
+            raise UserError(f"--budget auto: {path} was calibrated for {k} {data.get(k)!r}, not {v!r}; "
+                            "make one for these models with `python -m dartree sweep --calibrate-out FILE`")
+    _POLICIES[key] = AutoBudget.load(path)
+    return _POLICIES[key]

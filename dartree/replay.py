@@ -1,0 +1,203 @@
+"""Replay: the acceptance of every (method, W, B) on the same prompts, without decoding each one.
+
+At T = 0 a round's outcome is a function of the committed text alone: the drafter's block at
+position p depends on the committed tokens before p (through the target features of its context)
+and on the anchor token at p; the tree is a function of that block; and the accepted path is the
+longest tree path that spells the greedy continuation, which is the plain-decoding output itself.
+So one greedy continuation per prompt, one teacher-forced target pass for its features, and one
+drafter block per position (shared by all configurations) give every configuration's rounds
+exactly as the decoder would run them, up to floating-point noise in the features. The builders
+are the engine's own (`build_round_tree`), so the replay cannot drift from what the engine does.
+
+What a replay does not measure is the target's verify time: that comes from the measured cost
+curve (dartree.bench.cost_curve), so replayed speeds are predictions, reported as such, and the
+benchmark proper (`run_bench`, interleaved real decoding) checks them on the best configurations.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .draft import DrafterContext, PathCorrector, draft_block
+from .engine import DecodeSettings, build_round_tree, generate
+
+
+@dataclass
+class Continuation:
+    """A prompt, its greedy continuation and everything a replayed round needs to know about it."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # greedy continuation (what every lossless method commits at T = 0)
+    context: DrafterContext  # drafter context K/V of every position of prompt + output
+    blocks: dict = field(default_factory=dict)  # position -> BlockDraft
+    draft_seconds: list = field(default_factory=list)
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+class _ContextPrefix:
+    """The first `length` positions of a DrafterContext, as draft_block reads it (no copies)."""
+
+    def __init__(self, context: DrafterContext, length: int):
+        self.kv = [(k[:, :, :length], v[:, :, :length]) for k, v in context.kv]
+        self.length = length
+
+
+@torch.inference_mode()
+def make_continuation(target, drafter, prompt_ids: list[int], output_ids: list[int]) -> Continuation:
+    """Teacher-force prompt + output through the target once and project every position's features."""
+    from transformers import DynamicCache
+
+    seq = prompt_ids + output_ids
+    dev = target.device
+    layers = tuple(drafter.cfg.target_layer_ids)
+    out = target.forward(torch.tensor([seq], device=dev), torch.arange(len(seq), device=dev)[None],
+                         DynamicCache(), feature_layers=layers, logit_rows=slice(-1, None))
+    context = DrafterContext(drafter)
+    context.append(out.features, torch.arange(len(seq), device=dev))
+    return Continuation(list(prompt_ids), list(output_ids), context)
+
+
+def _block_at(cont: Continuation, drafter, target, position: int, depth: int, candidates: int):
+    key = (position, depth, candidates)
+    if key not in cont.blocks:
+        t0 = time.perf_counter()
+        anchor = torch.tensor(cont.sequence[position], device=target.device)
+        cont.blocks[key] = draft_block(drafter, target, _ContextPrefix(cont.context, position), anchor, position,
+                                       depth, candidates)
+        cont.draft_seconds.append(time.perf_counter() - t0)
+    return cont.blocks[key]
+
+
+def matched_nodes(tree, sequence: list[int], position: int) -> torch.Tensor:
+    """[N] bool: the nodes whose whole path spells sequence[position + 1 : ...] (the root always does).
+
+    Level by level on tensors: a node at depth d matches when its token is the continuation's token
+    d places after the anchor and its parent matched. Siblings carry distinct tokens, so the matched
+    nodes are one path: the one the target accepts at T = 0.
+    """
+    dev = tree.tokens.device
+    ahead = torch.tensor(sequence[position + 1:position + 1 + tree.max_depth] or [-1], device=dev)
+    depth = tree.depths
+    want = ahead[(depth - 1).clamp(min=0, max=ahead.shape[0] - 1)]
+    ok = (tree.tokens == want) & (depth <= ahead.shape[0])
+    ok[0] = True
+    matched = ok.clone()
+    for _ in range(tree.max_depth):  # propagate "all ancestors match" down at most D levels
+        matched = ok & matched[tree.parents.clamp(min=0)]
+        matched[0] = True
+    return matched
+
+
+def accepted_depth(tree, sequence: list[int], position: int) -> int:
+    """Depth of the deepest matched node: the number of draft tokens the target accepts."""
+    return int(torch.where(matched_nodes(tree, sequence, position), tree.depths, 0).max())
+
+
+@dataclass
+class ReplayRounds:
+    """One configuration replayed on one continuation."""
+
+    committed: list[int]  # tokens committed per round (accepted + bonus, cut at EOS/length)
+    nodes: list[int]  # tree size (excluding the root) per round
+    tree_seconds: list[float]  # measured tree-build time per round
+    supertree_scores: list = field(default_factory=list)  # (scores [n], on_path [n] bool) for calibration
+
+
+@torch.inference_mode()
+def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_scores: bool = False,
+           budget_policy=None) -> ReplayRounds:
+    """Rounds of one configuration on one continuation, as the decoder would run them at T = 0."""
+    s = settings.validated(drafter.max_depth, target.vocab_size)
+    seq = cont.sequence
+    position = len(cont.prompt_ids)  # the first output token is the first anchor (prefill made it)
+    produced = 1
+    total = len(cont.output_ids)
+    out = ReplayRounds([], [], [])
+    while produced < total:
+        block = _block_at(cont, drafter, target, position, s.depth, s.candidates)
+        t0 = time.perf_counter()
+        supertree, tree = build_round_tree(s, block, PathCorrector(drafter, target, block), budget_policy)
+        out.tree_seconds.append(time.perf_counter() - t0)
+        accepted = accepted_depth(tree, seq, position)
+        if keep_scores:
+            on_path = matched_nodes(supertree, seq, position)
+            out.supertree_scores.append((supertree.scores[1:].cpu(), on_path[1:].cpu()))
+        committed = min(accepted + 1, total - produced)
+        out.committed.append(committed)
+        out.nodes.append(tree.num_nodes)
+        produced += committed
+        position += committed
+    return out
+
+
+def greedy_outputs(models, prompts: list[str], max_new_tokens: int, progress=True) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy continuation) per prompt, decoded by plain AR with the engine."""
+    from tqdm import tqdm
+
+    target = models.target
+    pairs = []
+    for p in tqdm(prompts, desc="greedy continuations", disable=not progress, unit="prompt"):
+        ids = target.chat_ids(p)
+        result = generate(target, None, ids, DecodeSettings(method="ar", max_new_tokens=max_new_tokens))
+        pairs.append((ids, result.token_ids))
+    return pairs
+
+
+def predicted_round_seconds(nodes: int, costs: dict, drafted: bool = True) -> float:
+    """t_draft + t_verify(nodes + 1) + t_commit from the measured cost curve (tree time is added apart)."""
+    return (costs["draft_seconds"] if drafted else 0.0) + interpolate_verify(costs, nodes + 1) \
+        + costs.get("commit_seconds", 0.0)
+
+
+def interpolate_verify(costs: dict, n: int) -> float:
+    curve = sorted((int(k), float(v)) for k, v in costs["verify_seconds"].items())
+    if n <= curve[0][0]:
+        return curve[0][1]
+    for (n0, t0), (n1, t1) in zip(curve, curve[1:]):
+        if n <= n1:
+            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+    (n0, t0), (n1, t1) = curve[-2], curve[-1]
+    return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+
+
+def sweep(models, continuations: list[Continuation], configs, base: DecodeSettings, costs: dict,
+          progress=True, budget_policy=None) -> list[dict]:
+    """Replay every configuration on every continuation; τ exact, speed predicted from `costs`."""
+    from tqdm import tqdm
+
+    target, drafter = models.target, models.drafter
+    rows = []
+    t_ar = interpolate_verify(costs, 1) + costs.get("ar_commit_seconds", 0.0)
+    bar = tqdm(total=len(configs) * len(continuations), desc="replay", disable=not progress, unit="run")
+    for cfg in configs:
+        if cfg.method == "ar":
+            bar.update(len(continuations))
+            rows.append({"method": "ar", "width": None, "budget": None, "tau": 1.0, "predicted_speedup": 1.0,
+                         "predicted_tokens_per_second": 1.0 / t_ar, "mean_nodes": 1.0, "tree_ms": 0.0})
+            continue
+        s = cfg.settings(base)
+        committed, seconds, nodes, tree_times = 0, 0.0, [], []
+        for cont in continuations:
+            r = replay(target, drafter, cont, s, budget_policy=budget_policy if cfg.auto else None)
+            committed += sum(r.committed)
+            tree_times += r.tree_seconds
+            nodes += r.nodes
+            bar.update(1)
+        tree_s = statistics.median(tree_times) if tree_times else 0.0
+        seconds = sum(predicted_round_seconds(n, costs) + tree_s for n in nodes)
+        rounds = len(nodes)
+        tau = committed / rounds if rounds else 0.0
+        tps = committed / seconds if seconds else 0.0
+        rows.append({"method": cfg.method, "width": cfg.width, "budget": "auto" if cfg.auto else cfg.budget,
+                     "tau": tau, "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
+                     "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
+                     "rounds": rounds})
+    bar.close()
+    return rows

@@ -1,0 +1,174 @@
+"""The replay sweep, the sequential corrected heap and the cost-aware budget, on tiny random models.
+
+The replay claims to reproduce the decoder's rounds exactly at T = 0; these tests hold it to that by
+decoding for real with the same settings and comparing every round's committed count.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from dartree.bench import BenchConfig, parse_configs
+from dartree.budget import AutoBudget, calibrate, monotone_rates
+from dartree.draft import PathCorrector
+from dartree.engine import DecodeSettings, Decoder, generate
+from dartree.errors import UserError
+from dartree.replay import accepted_depth, interpolate_verify, make_continuation, matched_nodes, replay
+from dartree.tree import DepthwiseBuilder, Tree, prune_top_b, sequential_corrected_heap, width_schedule
+from test_tree import is_prefix_closed, path_tokens, random_block
+from tiny import tiny_drafter, tiny_target
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_target(seed=3)
+    return target, tiny_drafter(target, seed=4)
+
+
+CONFIGS = [("chain", 1, 1), ("ddtree", 1, 10), ("dartree-fixed", 1, 12), ("dartree", 3, 8), ("dartree", 6, 20)]
+
+
+@pytest.mark.parametrize("prompt_seed", [0, 1])
+@pytest.mark.parametrize("method,width,budget", CONFIGS)
+def test_replay_reproduces_every_round_of_real_decoding(models, prompt_seed, method, width, budget):
+    target, drafter = models
+    g = torch.Generator().manual_seed(prompt_seed)
+    prompt = torch.randint(2, 60, (9,), generator=g).tolist()
+    ar = generate(target, None, prompt, DecodeSettings(method="ar", max_new_tokens=40))
+    settings = DecodeSettings(method=method, width=width, budget=budget, candidates=8, max_new_tokens=40)
+    real = generate(target, drafter, prompt, settings)
+    assert real.token_ids == ar.token_ids
+    cont = make_continuation(target, drafter, prompt, ar.token_ids)
+    rounds = replay(target, drafter, cont, settings)
+    assert rounds.committed == [r.committed for r in real.round_records]
+    assert rounds.nodes == [r.tree_nodes for r in real.round_records]
+    assert sum(rounds.committed) + 1 == len(ar.token_ids)  # the prefill makes the first token
+
+
+def test_matched_nodes_is_the_accepted_path():
+    # root 5 -> {1 -> {3, 4}, 2 -> {3}}; continuation after the anchor: 2, 3, 9
+    tree = Tree(torch.tensor([5, 1, 2, 3, 4, 3]), torch.tensor([-1, 0, 0, 1, 1, 2]), torch.tensor([0, 1, 1, 2, 2, 2]),
+                torch.zeros(6), 2)
+    seq = [7, 5, 2, 3, 9]
+    assert matched_nodes(tree, seq, 1).tolist() == [True, False, True, False, False, True]
+    assert accepted_depth(tree, seq, 1) == 2
+    assert accepted_depth(tree, [7, 5], 1) == 0  # nothing left to match at the end of the text
+    assert accepted_depth(tree, [7, 5, 1], 1) == 1
+
+
+def brute_force_corrected(drafter, target, block, budget, depth):
+    """Every path up to `depth` scored through its own GRU scan; the best `budget` (parents first on ties)."""
+    draft = block.draft
+    corrector = PathCorrector(drafter, target, block)
+    paths = []
+    for d in range(1, depth + 1):
+        for ranks in itertools.product(range(draft.num_candidates), repeat=d):
+            toks = [int(draft.cand_tokens[i, r]) for i, r in enumerate(ranks)]
+            score, state = 0.0, corrector.root_state()
+            for i, (r, tok) in enumerate(zip(ranks, toks)):
+                res = corrector.residual(i + 1, state)
+                base = draft.cand_base_logits[i]
+                lp = torch.log_softmax(base if res is None else base + res[0], -1)
+                score += float(lp[r].detach())
+                state = corrector.advance(torch.tensor([tok]), state)
+            paths.append((score, d, tuple(toks)))
+    paths.sort(key=lambda p: (-p[0], p[1]))
+    return paths[:budget]
+
+
+@pytest.mark.parametrize("budget", [1, 5, 17, 39])
+def test_sequential_corrected_heap_is_the_exact_corrected_top_b(models, budget):
+    target, drafter = models
+    block = random_block(depth=3, cand=3, seed=2, hidden=drafter.cfg.hidden_size)
+    tree = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), budget, 3)
+    want = brute_force_corrected(drafter, target, block, budget, 3)
+    assert tree.num_nodes == len(want)
+    assert sorted(path_tokens(tree, i) for i in range(1, tree.num_nodes + 1)) == sorted(p[2] for p in want)
+    assert is_prefix_closed(tree)
+    got_scores = sorted((float(s) for s in tree.scores[1:]), reverse=True)
+    assert all(math.isclose(a, b[0], abs_tol=1e-4) for a, b in zip(got_scores, want))
+
+
+@pytest.mark.parametrize("budget", [4, 12, 30])
+def test_supertree_of_width_b_pruned_to_b_equals_the_sequential_heap(models, budget):
+    """With W = B the supertree holds the global best B, so deferred pruning finds the heap's tree."""
+    target, drafter = models
+    block = random_block(depth=4, cand=4, seed=7, hidden=drafter.cfg.hidden_size)
+    builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(budget), 4)
+    builder.run()
+    pruned, _ = prune_top_b(builder.tree(), budget)
+    heap = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), budget, 4)
+    as_set = lambda t: sorted(path_tokens(t, i) for i in range(1, t.num_nodes + 1))  # noqa: E731
+    assert as_set(pruned) == as_set(heap)
+
+
+def test_monotone_rates_pool_violators():
+    assert monotone_rates([1, 0, 3], [2, 2, 4]) == [0.25, 0.25, 0.75]
+    assert monotone_rates([0, 1, 1], [1, 2, 1]) == [0.0, 0.5, 1.0]  # already monotone: unchanged
+
+
+def test_calibration_counts_on_path_nodes_per_score_bin():
+    scores = torch.tensor([-0.1, -0.2, -3.0, -9.0])
+    on = torch.tensor([True, False, True, False])
+    cal = calibrate([(scores, on)], edges=(-5.0, -1.0))
+    assert cal["counts"] == [1, 1, 2]
+    assert cal["rates"] == pytest.approx([0.0, 2 / 3, 2 / 3])  # top bin (1 of 2) sat below the middle (1 of 1): pooled
+
+
+def test_auto_budget_maximises_expected_tokens_per_second():
+    policy = AutoBudget(edges=[-3.0, -1.0], rates=[0.0, 0.3, 0.9], fixed_seconds=0.05,
+                        verify_seconds={1: 0.1, 8: 0.12, 64: 0.5}, max_nodes=64)
+    scores = torch.tensor([-0.1, -0.5, -2.0, -2.5, -4.0, -0.2, -5.0, -6.0])
+    n = policy.choose(scores)
+    top = sorted(scores.tolist(), reverse=True)
+
+    def p(s):
+        return 0.0 if s <= -3.0 else (0.3 if s <= -1.0 else 0.9)
+
+    best = max(range(1, 9), key=lambda k: (1 + sum(p(s) for s in top[:k])) /
+               (0.05 + interpolate_verify({"verify_seconds": {1: 0.1, 8: 0.12, 64: 0.5}}, k + 1)))
+    assert n == best
+    # with verification free, take everything the calibration says can be accepted
+    cheap = AutoBudget([-3.0, -1.0], [0.0, 0.3, 0.9], 0.05, {1: 0.1, 64: 0.1}, 64)
+    assert cheap.choose(scores) >= 5
+
+
+def test_auto_budget_in_the_decoder_is_lossless_and_varies(models):
+    target, drafter = models
+    prompt = list(range(3, 12))
+    ar = generate(target, None, prompt, DecodeSettings(method="ar", max_new_tokens=30))
+    policy = AutoBudget([-6.0, -3.0, -1.0], [0.0, 0.1, 0.4, 0.8], 0.02, {1: 0.05, 4: 0.06, 16: 0.1, 64: 0.4}, 64)
+    settings = DecodeSettings(method="dartree", width=6, budget=64, candidates=8, max_new_tokens=30, auto_budget=True)
+    got = generate(target, drafter, prompt, settings, policy)
+    assert got.token_ids == ar.token_ids
+    sizes = {r.tree_nodes for r in got.round_records}
+    assert sizes and max(sizes) <= 64
+    cont = make_continuation(target, drafter, prompt, ar.token_ids)
+    rounds = replay(target, drafter, cont, settings, budget_policy=policy)
+    assert rounds.nodes == [r.tree_nodes for r in got.round_records]
+    with pytest.raises(UserError, match="calibrated policy"):
+        Decoder(target, drafter, prompt, settings)
+    with pytest.raises(UserError, match="dartree"):
+        DecodeSettings(method="ddtree", auto_budget=True).validated(5, 64)
+
+
+def test_parse_configs():
+    got = parse_configs("chain,ddtree:B=32,dartree:W=8:B=auto,dartree-fixed:B=16")
+    assert got == [BenchConfig("ar", None, None), BenchConfig("chain", None, None), BenchConfig("ddtree", None, 32),
+                   BenchConfig("dartree", 8, "auto"), BenchConfig("dartree-fixed", None, 16)]
+    assert got[3].settings(DecodeSettings()).auto_budget
+    for bad in ("dartre:W=8", "dartree:W=x", "dartree:Q=3"):
+        with pytest.raises(UserError):
+            parse_configs(bad)
+
+
+def test_spread_prompts_sample_the_whole_file(tmp_path):
+    from dartree.prompts import read_prompt_file
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "p{i}"}}\n' for i in range(10)))
+    assert read_prompt_file(f, 4, spread=True) == ["p0", "p3", "p6", "p9"]
+    assert read_prompt_file(f, 4) == ["p0", "p1", "p2", "p3"]
+    assert len(read_prompt_file(f, 40, spread=True)) == 10
