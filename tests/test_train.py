@@ -247,3 +247,14 @@ def test_cli_arguments_reach_the_configs():
     assert _drafter_spec(preset, args)["num_layers"] == 3
     assert preset["drafter"]["target_layer_ids"] == [1, 8, 14, 20, 27]
     assert preset["drafter"]["mask_token_id"] == 16 and preset["drafter"]["block_size"] == 8
+
+
+def test_stop_at_ends_early_on_the_full_schedule(target, generated):
+    store = store_of(generated)
+    train_ids, held = split_heldout(store, 0)
+    quiet = dict(log=lambda *a: None)
+    cfg = TrainConfig(steps=8, lr=3e-3, warmup_steps=2, seqs_per_step=2, anchors_per_seq=4, eval_every=0,
+                      ckpt_every=0, log_every=0)
+    full = train(target, tiny_drafter(), store, train_ids, held, cfg, **quiet)
+    early = train(target, tiny_drafter(), store, train_ids, held, TrainConfig(**{**cfg.__dict__, "stop_at": 5}), **quiet)
+    assert len(early["loss"]) == 5 and early["loss"] == full["loss"][:5]  # same schedule, cut short

@@ -28,7 +28,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"),
                    help="where the target and drafter run (under torchrun: one GPU per rank on cuda)")
     g = p.add_argument_group("training")
-    g.add_argument("--steps", type=int, default=None)
+    g.add_argument("--steps", type=int, default=None, help="length of the schedule (warm-up, cosine, base weight)")
+    g.add_argument("--stop-at", type=int, default=None,
+                   help="stop and export at this step of the --steps schedule (resumable runs split by time)")
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--seqs-per-step", type=int, default=None)
     g.add_argument("--anchors-per-seq", type=int, default=None)
@@ -61,7 +63,7 @@ def _train_config(preset: dict, args):
 
     d = dict(preset["train"])
     for key in ("steps", "lr", "seqs_per_step", "anchors_per_seq", "warmup_steps", "gamma", "eval_every",
-                "heldout_seqs", "init", "autocast", "seed"):
+                "heldout_seqs", "init", "autocast", "seed", "stop_at"):
         v = getattr(args, key, None)
         if v is not None:
             d[key] = v
@@ -133,7 +135,8 @@ def _stage_train(args, preset) -> dict:
     final_eval = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq)
     print("[eval] final (fp32): " + format_eval(final_eval), flush=True)
     out = Path(args.out) if args.out else DEFAULT_EXPORT.get(args.preset, REPO_ROOT / "assets" / f"drafter-{args.preset}")
-    record = {"preset": args.preset, "steps": cfg.steps, "init": cfg.init,
+    record = {"preset": args.preset, "steps": min(cfg.steps, cfg.stop_at or cfg.steps), "schedule_steps": cfg.steps,
+              "init": cfg.init,
               "train_tokens": data["response tokens (all)"], "train_sequences": data["sequences (train)"],
               "command": _command_line()}
     size = export(drafter, out, record=record)
@@ -144,7 +147,7 @@ def _stage_train(args, preset) -> dict:
                       preset_config={"drafter": spec, "train": cfg.__dict__, "data": preset["data"]},
                       data=data, train_summary=summary,
                       eval_results={"teacher_forced_chain (held-out train slice)": final_eval},
-                      steps=cfg.steps, wall_seconds=history["seconds"],
+                      steps=min(cfg.steps, cfg.stop_at or cfg.steps), wall_seconds=history["seconds"],
                       extra={"export size (MB)": f"{size / 1e6:.1f}",
                              "process wall time incl. loading (min)": f"{(time.time() - t_start) / 60:.1f}"})
     curve = training_curve_section(history, cfg, drafter.block_size, out)

@@ -266,6 +266,7 @@ class TrainConfig:
     seed: int = 0
     init: str = "target"
     autocast: str = "bf16"  # "bf16": matmuls in bf16 (AMX, ~4x faster here), fp32 weights/optimizer/loss; "off"
+    stop_at: int | None = None  # end the run at this step of the `steps`-long schedule (a session's time budget)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -369,7 +370,8 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
     weights = position_weights(K, cfg.gamma).to(device)
     t0 = time.time() - history["seconds"]
     window: list[tuple[float, float, float]] = []
-    while step < cfg.steps:
+    end = min(cfg.steps, cfg.stop_at or cfg.steps)
+    while step < end:
         seqs, anchors = sample_step(store, train_ids, rng, cfg)
         batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device)
         with autocast(cfg.autocast, device.type):
@@ -401,7 +403,7 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             el = time.time() - t0
             log(f"[train] step {step}/{cfg.steps} loss {m[0]:.3f} ce_base {m[1]:.3f} ce_corr {m[2]:.3f} "
                 f"w_base {wb:.2f} lr {sched.get_last_lr()[0]:.2e} {el / step:.2f}s/step")
-        last = step == cfg.steps
+        last = step == end
         if dist.is_main and heldout_ids and cfg.eval_every and (step % cfg.eval_every == 0 or last):
             ev = evaluate_chain(target, drafter, store, heldout_ids, anchors_per_seq=cfg.eval_anchors_per_seq,
                                 autocast_mode=cfg.autocast)
