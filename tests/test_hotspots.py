@@ -11,6 +11,7 @@ pytestmark = pytest.mark.real
 @torch.inference_mode()
 def test_transposed_lm_head_matches_f_linear_row_by_row(real_target):
     t = real_target
+    before, t.transposed_head = t.transposed_head, True
     ids = t.chat_ids("Name three rivers in Europe and one fact about each.")
     out = t.model.model(input_ids=torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
     hidden = out.last_hidden_state[0, -40:]
@@ -23,4 +24,4 @@ def test_transposed_lm_head_matches_f_linear_row_by_row(real_target):
         # each row's logits depend on that row only: the same row alone or inside a block agrees
         alone = t.lm_head(hidden[n - 1:n])
         torch.testing.assert_close(got[-1:], alone, rtol=0, atol=2e-4)
-    assert t.transposed_head  # on by default on CPU (measured in the cost curve's lm_head timings)
+    t.transposed_head = before

@@ -185,7 +185,9 @@ class Target:
     device: torch.device
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
-    transposed_head: bool = True  # CPU LM-head GEMM as (W @ h.T).T for 2..64 rows (see lm_head)
+    # CPU LM-head GEMM as (W @ h.T).T for 2..64 rows. Off: measured here it was mixed (faster at 8 rows,
+    # 2x slower at 2, equal at 16-64; `bench --cost-curve`, "lm_head_seconds"), so it is not the default.
+    transposed_head: bool = False
 
     @property
     def config(self):
@@ -213,9 +215,9 @@ class Target:
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in fp32 for the given hidden rows.
 
-        On CPU, for a few rows (a tree, a draft block), `(W @ h.T).T` takes a faster GEMM path than
-        `F.linear`'s `h @ W.T` (see `python -m dartree bench --cost-curve`, "lm_head"); each row's
-        logits stay a function of that row alone, so tree and sequential decoding still agree.
+        With `transposed_head`, a few rows on CPU go through `(W @ h.T).T` instead of `F.linear`'s
+        `h @ W.T` (a lead from MKL's small-N GEMM paths); each row's logits stay a function of that row
+        alone, so tree and sequential decoding still agree. Its timings are in every cost curve.
         """
         head = self.model.get_output_embeddings()
         rows = hidden.numel() // hidden.shape[-1] if hidden.numel() else 0
