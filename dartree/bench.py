@@ -274,7 +274,8 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     import math
 
     from .draft import PathCorrector
-    from .tree import DepthwiseBuilder, prune_top_b, sequential_corrected_heap, width_schedule
+    from .engine import build_round_tree, tree_threads
+    from .tree import sequential_corrected_heap
 
     target, drafter = models.target, models.drafter
     ids = target.chat_ids(prompt)
@@ -291,14 +292,15 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     for b in budgets:
         width = math.ceil(b / depth)
 
-        def batched():
-            builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(width), depth)
-            builder.run()
-            tree, _ = prune_top_b(builder.tree(), b)
+        settings = DecodeSettings(method="dartree", width=width, budget=b, depth=depth, candidates=candidates)
+
+        def batched():  # the decoder's own round build (one-thread tree stage included)
+            _, tree = build_round_tree(settings, block, PathCorrector(drafter, target, block))
             return int(tree.tokens[-1])  # a host read, as the decoder's verify makes
 
-        def sequential():
-            tree = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), b, depth)
+        def sequential():  # under the same thread setting, so only the algorithm differs
+            with tree_threads(dev):
+                tree = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), b, depth)
             return int(tree.tokens[-1])
 
         times = {"batched": [], "sequential": []}

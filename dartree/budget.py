@@ -98,7 +98,7 @@ class AutoBudget:
         return int(rate.argmax()) + 1
 
     def save(self, path: Path, extra: dict | None = None) -> None:
-        data = {k: v for k, v in asdict(self).items()}
+        data = asdict(self)
         data["verify_seconds"] = {str(k): v for k, v in self.verify_seconds.items()}
         data.update(extra or {})
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -185,7 +185,7 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
         s = cfg.settings(base)
         committed, seconds, nodes, tree_times = 0, 0.0, [], []
         for cont in continuations:
-            r = replay(target, drafter, cont, s, budget_policy=budget_policy if cfg.auto else None)
+            r = replay(target, drafter, cont, s, budget_policy=budget_policy)  # used only where s.auto_budget
             committed += sum(r.committed)
             tree_times += r.tree_seconds
             nodes += r.nodes
