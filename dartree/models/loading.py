@@ -18,6 +18,7 @@ import torch
 
 from ..errors import UserError
 from .drafter import DominoDrafter, build_target_layer_ids, make_config
+from .packed import use_packed_linears
 from .target import EMBEDDED_NAME, Target, load_target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +95,11 @@ def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: s
     if key not in _LOADED:
         tgt_key = (target, device, dtype)
         tgt = _LOADED.get(tgt_key) or load_target(target, device=device, dtype=dtype)
+        if tgt_key not in _LOADED:
+            tgt.packed_weights = use_packed_linears(tgt.model)
         _LOADED[tgt_key] = tgt
         model, description = load_drafter(drafter, tgt)
+        if model is not None:
+            use_packed_linears(model, tgt.packed_weights, skip=("embed_proj",))
         _LOADED[key] = Models(tgt, model, drafter, description)
     return _LOADED[key]

@@ -188,6 +188,8 @@ class Target:
     # CPU LM-head GEMM as (W @ h.T).T for 2..64 rows. Off: measured here it was mixed (faster at 8 rows,
     # 2x slower at 2, equal at 16-64; `bench --cost-curve`, "lm_head_seconds"), so it is not the default.
     transposed_head: bool = False
+    # The LRU of MKL-packed weights shared by this target and its drafter (models.packed); None: off.
+    packed_weights: object = None
 
     @property
     def config(self):
