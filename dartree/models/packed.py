@@ -4,9 +4,9 @@ Tree verification runs the target over B + 1 rows (9-65 here) and the drafter ov
 rows. For such short inputs MKL's `sgemm` spends much of each call re-packing the weight matrix
 into its internal layout. `cblas_sgemm_pack` does that once (`torch.ops.mkl._mkl_reorder_linear_weight`)
 and `cblas_sgemm_compute` (`torch.ops.mkl._mkl_linear`) then only multiplies. Measured on this
-2-core Xeon (`scripts/profile_stages.py`, README "Speed"): one target forward over 17 tokens fell
-from ~114 to ~84 ms, and the 49k-wide LM head over the drafter's 7 rows from ~26 to ~10 ms, with
-bit-identical logits in those checks.
+2-core Xeon (`scripts/profile_stages.py` with and without `DARTREE_PACKED_GEMM=0`, README "Speed"):
+the drafter pass fell from 32-34 to 17-21 ms (most of it the 49k-wide LM head over 7 rows) and one
+target forward over 17 tree tokens from 145-168 to 110-114 ms.
 
 A pack is only valid for the row count it was made for (the op silently falls back to a plain
 `F.linear` otherwise), so packs are made lazily per (layer, row count), on the second call with that
@@ -71,8 +71,8 @@ class PackedWeights:
                 self._seen.add(key)
                 return None
             self._seen.discard(key)
-        pack = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
-        nbytes = linear.weight.numel() * linear.weight.element_size()
+        pack = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), rows)
+        nbytes = w.numel() * w.element_size()  # the pack is about the size of the weight
         with self._lock:
             self._packs[key] = (pack, nbytes)
             self.bytes += nbytes
