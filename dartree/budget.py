@@ -12,6 +12,11 @@ DARTree's fixed B verifies the same number of nodes every round, however confide
   supertree against greedy continuations (dartree.replay), binned by score and made monotone.
 - t_round(n) = the round's fixed cost (draft, tree, commit) + t_verify(n + 1) from the measured cost
   curve of this machine.
+- n is chosen only among the sizes the cost curve measured (n + 1 = a measured N): their costs are
+  measured rather than interpolated, and a small fixed set of verify widths lets the packed CPU GEMMs
+  (dartree.models.packed) keep one weight pack per width instead of re-packing (~0.3 s for the
+  target) whenever a round picks a width not seen before. Verifying the whole supertree (W x depth
+  nodes, fixed per W) and a single node are also choices.
 
 The choice is one small batched computation over the sorted scores; reading n back is the one
 extra host sync a round in auto mode makes.
@@ -83,6 +88,14 @@ class AutoBudget:
         costs = {"verify_seconds": self.verify_seconds}
         self._round_seconds = torch.tensor([self.fixed_seconds + interpolate_verify(costs, int(k) + 1) for k in n],
                                            dtype=torch.float64)
+        measured = {int(k) - 1 for k in self.verify_seconds if 1 <= int(k) - 1 <= self.max_nodes}
+        self._allowed = torch.tensor([int(k) in measured for k in n]) if measured else torch.ones(len(n), dtype=torch.bool)
+        self._allowed[0] = True  # a single node is always a choice, so every round has one
+
+    @property
+    def node_grid(self) -> list[int]:
+        """The node counts a round may verify."""
+        return [int(k) + 1 for k in torch.nonzero(self._allowed).flatten()]
 
     def expected_committed(self, scores_sorted: torch.Tensor) -> torch.Tensor:
         """[n] expected committed tokens when verifying the best 1..n nodes."""
@@ -95,6 +108,9 @@ class AutoBudget:
             return 0
         top = torch.sort(scores, descending=True).values[: self.max_nodes]
         rate = self.expected_committed(top) / self._round_seconds[: top.shape[0]].to(top.device)
+        allowed = self._allowed[: top.shape[0]].clone()
+        allowed[-1] = True  # or the whole supertree (a fixed size per W)
+        rate = rate.masked_fill(~allowed.to(top.device), float("-inf"))
         return int(rate.argmax()) + 1
 
     def save(self, path: Path, extra: dict | None = None) -> None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_TARGET, METHODS
+from .defaults import default_shape
 from .errors import UserError
 
 
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--widths", type=_int_list, default=None)
     bench.add_argument("--configs", default=None,
                        help="exact configs instead of the grid, e.g. 'chain,ddtree:B=32,dartree:W=8:B=32,dartree:W=8:B=auto'")
+    bench.add_argument("--best-of", default=None, metavar="SWEEP_JSON",
+                       help="decode each method's best configuration of a sweep (by predicted tokens/s)")
     bench.add_argument("--budget-policy", default=None, help="calibration file for B=auto (default: the shipped one)")
     bench.add_argument("--out", default=None, help="results JSON path")
     bench.add_argument("--cost-curve", action="store_true", help="also measure t_verify(N) and t_draft")
@@ -122,13 +125,6 @@ def _set_threads(n):
         torch.set_num_threads(n)
 
 
-def default_shape(device_type: str) -> dict:
-    """The measured best (W, B) for this CPU; the DARTree reference's GPU defaults on CUDA."""
-    from .defaults import CPU_DEFAULTS, GPU_DEFAULTS
-
-    return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
-
-
 def _budget_policy(models, path):
     from .budget import policy_for
 
@@ -149,7 +145,10 @@ def cmd_generate(args) -> int:
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
     shape = default_shape(models.target.device.type)
-    budget = shape["budget"] if args.budget is None else args.budget
+    if args.budget is None:  # the measured default: dartree's cost-aware budget where it won on this device
+        budget = "auto" if shape.get("auto_budget") and args.method == "dartree" else shape["budget"]
+    else:
+        budget = args.budget
     settings = DecodeSettings(method=args.method, width=shape["width"] if args.width is None else args.width,
                               budget=AUTO_BUDGET_CAP if budget == "auto" else budget, auto_budget=budget == "auto",
                               depth=args.depth, candidates=args.candidates,
@@ -177,7 +176,19 @@ def _grid(args, models):
     from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
 
-    if getattr(args, "configs", None):
+    if getattr(args, "configs", None) and getattr(args, "best_of", None):
+        raise UserError("give --configs or --best-of, not both")
+    if getattr(args, "best_of", None):
+        from .sweep import best_configs
+
+        path = Path(args.best_of)
+        if not path.is_file():
+            raise UserError(f"--best-of: no sweep results at {path} (make them with `python -m dartree sweep --out FILE`)")
+        try:
+            configs = best_configs(json.loads(path.read_text())["rows"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"--best-of: {path} is not a sweep results file ({exc})") from None
+    elif getattr(args, "configs", None):
         configs = parse_configs(args.configs)
     else:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -127,12 +127,15 @@ def test_auto_budget_maximises_expected_tokens_per_second():
     def p(s):
         return 0.0 if s <= -3.0 else (0.3 if s <= -1.0 else 0.9)
 
-    best = max(range(1, 9), key=lambda k: (1 + sum(p(s) for s in top[:k])) /
+    measured = {1, 7, 8}  # n + 1 on the cost curve, one node, or the whole supertree
+    assert n in measured
+    best = max(measured, key=lambda k: (1 + sum(p(s) for s in top[:k])) /
                (0.05 + interpolate_verify({"verify_seconds": {1: 0.1, 8: 0.12, 64: 0.5}}, k + 1)))
     assert n == best
     # with verification free, take everything the calibration says can be accepted
     cheap = AutoBudget([-3.0, -1.0], [0.0, 0.3, 0.9], 0.05, {1: 0.1, 64: 0.1}, 64)
-    assert cheap.choose(scores) >= 5
+    assert cheap.choose(scores) == 8  # the whole supertree: 63 (n + 1 = 64) is beyond it
+    assert AutoBudget([-3.0, -1.0], [0.0, 0.3, 0.9], 0.05, {1: 0.1, 4: 0.1, 64: 0.1}, 64).node_grid == [1, 3, 63]
 
 
 def test_auto_budget_in_the_decoder_is_lossless_and_varies(models):
@@ -172,3 +175,18 @@ def test_spread_prompts_sample_the_whole_file(tmp_path):
     assert read_prompt_file(f, 4, spread=True) == ["p0", "p3", "p6", "p9"]
     assert read_prompt_file(f, 4) == ["p0", "p1", "p2", "p3"]
     assert len(read_prompt_file(f, 40, spread=True)) == 10
+
+
+def test_best_configs_pick_each_methods_fastest_row_and_keep_auto_apart():
+    from dartree.sweep import best_configs
+
+    def row(method, w, b, speed):
+        return {"method": method, "width": w, "budget": b, "predicted_tokens_per_second": speed}
+
+    rows = [row("ar", None, None, 10.0), row("chain", None, None, 11.0), row("ddtree", None, 8, 12.0),
+            row("ddtree", None, 16, 13.0), row("dartree-fixed", None, 16, 9.0), row("dartree", 2, 16, 14.0),
+            row("dartree", 4, 16, 15.0), row("dartree", 4, 32, 14.5), row("dartree", 4, "auto", 12.0),
+            row("dartree", 8, "auto", 16.0)]
+    assert best_configs(rows) == [BenchConfig("ar", None, None), BenchConfig("chain", None, None),
+                                  BenchConfig("ddtree", None, 16), BenchConfig("dartree-fixed", None, 16),
+                                  BenchConfig("dartree", 4, 16), BenchConfig("dartree", 8, "auto")]

@@ -115,6 +115,7 @@ def test_shards_are_resumable_and_deterministic(target, tmp_path):
                                rtol=1e-2, atol=1e-2)
     store = SeqStore.from_shards(tok, feat)
     assert len(store) == 9 and store.ids(0).tolist() == first[0]["ids"][:first[0]["offsets"][1]].tolist()
+    assert len(SeqStore.from_shards(tok, feat, max_shards=2)) == 7  # shards 0 and 1: a recorded run's data only
     assert not list(tok.glob("*.tmp*")) and not list(feat.glob("*.tmp*"))
 
 

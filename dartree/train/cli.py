@@ -31,6 +31,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=None, help="length of the schedule (warm-up, cosine, base weight)")
     g.add_argument("--stop-at", type=int, default=None,
                    help="stop and export at this step of the --steps schedule (resumable runs split by time)")
+    g.add_argument("--max-shards", type=int, default=None,
+                   help="train on the first N data shards only (default: all; the data stage adds shards over time)")
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--seqs-per-step", type=int, default=None)
     g.add_argument("--anchors-per-seq", type=int, default=None)
@@ -98,7 +100,7 @@ def _load(args, preset, device=None):
     # CPU: an fp32 target (autocast does the bf16 matmuls). CUDA: --dtype, bf16 by default.
     dtype = None if device.type == "cpu" else (getattr(args, "dtype", None) or "bf16")
     target = load_target(preset["target"], device=str(device), dtype=dtype)
-    store = SeqStore.from_shards(tokens_dir(args.preset), features_dir(args.preset))
+    store = SeqStore.from_shards(tokens_dir(args.preset), features_dir(args.preset), getattr(args, "max_shards", None))
     if len(store) == 0:
         raise SystemExit("no training data with features: run --stage data first (or --features-only)")
     cfg = _train_config(preset, args)

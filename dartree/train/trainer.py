@@ -57,11 +57,14 @@ class SeqStore:
         self._feats.append(features)
 
     @classmethod
-    def from_shards(cls, tok_dir: Path, feat_dir: Path) -> "SeqStore":
+    def from_shards(cls, tok_dir: Path, feat_dir: Path, max_shards: int | None = None) -> "SeqStore":
+        """Shards 0, 1, ... of the data stage (the first `max_shards` of them when given: data keeps
+        growing across sessions, and a recorded run must still see exactly the data it trained on)."""
         from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
 
         store = cls()
-        for k in list_shards(tok_dir):
+        shards = list_shards(tok_dir)
+        for k in shards if max_shards is None else shards[:max_shards]:
             fpath = features_path(feat_dir, k)
             if not fpath.is_file():
                 print(f"[train] shard {k:05d} has no features (run the data stage with --features-only); skipped")

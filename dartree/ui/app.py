@@ -23,7 +23,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from .. import TREE_METHODS  # noqa: E402
-from ..defaults import CPU_DEFAULTS  # noqa: E402
+from ..defaults import CPU_DEFAULTS, default_shape  # noqa: E402
 from ..engine import Decoder, DecodeSettings, generate  # noqa: E402
 from ..errors import UserError  # noqa: E402
 from ..trace import DepthRecord  # noqa: E402
@@ -64,7 +64,7 @@ class Controls:
     temperature: float = 0.0
     seed: int = 0
     max_new_tokens: int = 32
-    auto_budget: bool = CPU_DEFAULTS.get("auto_budget", False)  # dartree: per-round B by expected tokens/s
+    auto_budget: bool = False  # dartree: per-round B by expected tokens/s (on by default via default_controls)
 
     @classmethod
     def of(cls, *values, **named) -> "Controls":
@@ -654,6 +654,22 @@ def toggle_play(playing: bool):
     return gr.Timer(active=playing), gr.Button(value="⏸ Pause" if playing else "▶ Play"), playing
 
 
+def default_controls(models, **overrides) -> Controls:
+    """The measured defaults of the models' device (dartree.defaults), with the auto budget on only where a
+    calibrated policy fits these models: another drafter or a GPU starts on its fixed B instead of an error."""
+    shape = default_shape(models.target.device.type)
+    auto = bool(shape.get("auto_budget"))
+    if auto:
+        from ..budget import policy_for
+
+        try:
+            policy_for(models.target, models.drafter_name)
+        except UserError:
+            auto = False
+    named = {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"], "auto_budget": auto}
+    return Controls(**{**named, **overrides})
+
+
 def canonical_session(models, controls: Controls | None = None) -> Session:
     """The example every visitor sees on first load: the default prompt, one real round, plain decoding timed.
 
@@ -661,7 +677,7 @@ def canonical_session(models, controls: Controls | None = None) -> Session:
     session = new_session(models)
     if controls is None:
         tokens = int(os.environ.get("DARTREE_EXAMPLE_TOKENS", "0") or 0)
-        controls = Controls(max_new_tokens=tokens) if tokens > 0 else Controls()
+        controls = default_controls(models, **({"max_new_tokens": tokens} if tokens > 0 else {}))
     act(session, "round", controls)
     _plain_ar(session)
     session.message = (f"A first round on “{controls.prompt}” is already done, with every panel filled. Step through "
