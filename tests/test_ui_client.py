@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.real]
 
 PROMPT = "What is the capital of France?"
 WIDTH, BUDGET, DEPTH, CANDIDATES, TOKENS = 4, 12, 7, 32, 12
-VALUES = [PROMPT, "dartree", WIDTH, BUDGET, DEPTH, CANDIDATES, 0.0, 0, TOKENS]
+VALUES = [PROMPT, "dartree", WIDTH, BUDGET, DEPTH, CANDIDATES, 0.0, 0, TOKENS, False]  # a fixed B (auto off)
 
 
 @pytest.fixture(scope="module")
