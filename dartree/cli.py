@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_TARGET, METHODS
-from .defaults import default_shape
+from .defaults import default_shape, shape_for
 from .errors import UserError
 
 
@@ -144,7 +144,7 @@ def cmd_generate(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else read_prompt_file(args.prompt_file, args.limit)
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
-    shape = default_shape(models.target.device.type)
+    shape = shape_for(models)
     if args.budget is None:  # the measured default: dartree's cost-aware budget where it won on this device
         budget = "auto" if shape.get("auto_budget") and args.method == "dartree" else shape["budget"]
     else:

@@ -18,3 +18,18 @@ GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64}
 def default_shape(device_type: str) -> dict:
     """The measured best shape for this CPU; the DARTree reference's GPU defaults on CUDA."""
     return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
+
+
+def shape_for(models) -> dict:
+    """`default_shape` of the models' device, with the auto budget kept only where a calibrated policy
+    fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
+    shape = default_shape(models.target.device.type)
+    if shape.get("auto_budget"):
+        from .budget import policy_for
+        from .errors import UserError
+
+        try:
+            policy_for(models.target, models.drafter_name)
+        except UserError:
+            shape["auto_budget"] = False
+    return shape

@@ -23,7 +23,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from .. import TREE_METHODS  # noqa: E402
-from ..defaults import CPU_DEFAULTS, default_shape  # noqa: E402
+from ..defaults import CPU_DEFAULTS, shape_for  # noqa: E402
 from ..engine import Decoder, DecodeSettings, generate  # noqa: E402
 from ..errors import UserError  # noqa: E402
 from ..trace import DepthRecord  # noqa: E402
@@ -655,18 +655,10 @@ def toggle_play(playing: bool):
 
 
 def default_controls(models, **overrides) -> Controls:
-    """The measured defaults of the models' device (dartree.defaults), with the auto budget on only where a
-    calibrated policy fits these models: another drafter or a GPU starts on its fixed B instead of an error."""
-    shape = default_shape(models.target.device.type)
-    auto = bool(shape.get("auto_budget"))
-    if auto:
-        from ..budget import policy_for
-
-        try:
-            policy_for(models.target, models.drafter_name)
-        except UserError:
-            auto = False
-    named = {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"], "auto_budget": auto}
+    """The measured defaults of the models' device, auto budget only where it is calibrated (dartree.defaults)."""
+    shape = shape_for(models)
+    named = {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"],
+             "auto_budget": bool(shape.get("auto_budget"))}
     return Controls(**{**named, **overrides})
 
 
