@@ -259,3 +259,34 @@ def test_stop_at_ends_early_on_the_full_schedule(target, generated):
     full = train(target, tiny_drafter(), store, train_ids, held, cfg, **quiet)
     early = train(target, tiny_drafter(), store, train_ids, held, TrainConfig(**{**cfg.__dict__, "stop_at": 5}), **quiet)
     assert len(early["loss"]) == 5 and early["loss"] == full["loss"][:5]  # same schedule, cut short
+
+
+def test_resumed_legs_are_recorded_and_rendered_in_the_card(target, generated, tmp_path):
+    from dartree.train.evaluate import history_section, read_card_sections, replace_card_section
+
+    store = store_of(generated)
+    train_ids, held = split_heldout(store, 0)
+    quiet = dict(log=lambda *a: None)
+    ckpt = tmp_path / "legs.pt"
+    cfg = TrainConfig(steps=6, lr=3e-3, warmup_steps=2, seqs_per_step=2, anchors_per_seq=4, eval_every=0,
+                      ckpt_every=1, log_every=0, stop_at=2)
+    train(target, tiny_drafter(), store, train_ids, held, cfg, ckpt_path=ckpt, phase={"command": "leg one"}, **quiet)
+    longer = TrainConfig(**{**cfg.__dict__, "steps": 9, "stop_at": 5})
+    history = train(target, tiny_drafter(), store, train_ids, held, longer, ckpt_path=ckpt,
+                    phase={"command": "leg two", "schedule_steps": 9, "response_tokens": 1234}, **quiet)
+    # a call that runs no step (already at its stop) adds no leg
+    history = train(target, tiny_drafter(), store, train_ids, held, longer, ckpt_path=ckpt,
+                    phase={"command": "leg three"}, **quiet)
+    legs = [(p["command"], p["from_step"], p["to_step"]) for p in history["phases"]]
+    assert legs == [("leg one", 0, 2), ("leg two", 2, 5)]
+    body = history_section(history)
+    assert any("| 0-2 |" in row and "`leg one`" in row for row in body)
+    assert any("| 2-5 | 9 |" in row and "1,234" in row for row in body)
+    # a retrain keeps the card's recipe measurements but rewrites the rest
+    card = tmp_path / "TRAINING.md"
+    card.write_text("# card\n\n## Measured choices\n\n| init | τ |\n\n## Configuration\n\n{}\n")
+    kept = read_card_sections(card, ("Measured choices", "Absent"))
+    assert kept == {"Measured choices": ["| init | τ |"]}
+    card.write_text("# new card\n\n## Configuration\n\n{}\n")
+    replace_card_section(card, "Measured choices", kept["Measured choices"])
+    assert card.read_text().index("## Measured choices") < card.read_text().index("## Configuration")

@@ -109,7 +109,8 @@ def _load(args, preset, device=None):
 
 
 def _stage_train(args, preset) -> dict:
-    from .evaluate import evaluate_chain, replace_card_section, training_curve_section, write_card
+    from .evaluate import (KEPT_CARD_SECTIONS, evaluate_chain, git_commit, history_section, read_card_sections,
+                           replace_card_section, training_curve_section, write_card)
     from .trainer import drafter_from_preset, export, format_eval, summarize, train, write_json
 
     from .distributed import DistContext
@@ -129,7 +130,10 @@ def _stage_train(args, preset) -> dict:
             if tokens_dir(args.preset).is_relative_to(REPO_ROOT) else str(tokens_dir(args.preset)),
             "generation": json.dumps(preset["data"])}
     print(f"[train] {data}", flush=True)
-    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist)
+    phase = {"command": _command_line(), "commit": git_commit(REPO_ROOT), "schedule_steps": cfg.steps,
+             "stop_at": cfg.stop_at, "shards": len(store.shards), "train_sequences": len(train_ids),
+             "response_tokens": store.num_response_tokens()}
+    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist, phase=phase)
     if not dist.is_main:
         dist.close()
         return {}
@@ -145,6 +149,7 @@ def _stage_train(args, preset) -> dict:
     summary = summarize(history)
     write_json(features_dir(args.preset) / "ckpt" / f"{args.run_name}-summary.json",
                {"summary": summary, "eval": history["eval"], "data": data})
+    kept = read_card_sections(out / "TRAINING.md", KEPT_CARD_SECTIONS)
     card = write_card(out, command=_command_line(), repo=REPO_ROOT, preset=args.preset,
                       preset_config={"drafter": spec, "train": cfg.__dict__, "data": preset["data"]},
                       data=data, train_summary=summary,
@@ -155,6 +160,11 @@ def _stage_train(args, preset) -> dict:
     curve = training_curve_section(history, cfg, drafter.block_size, out)
     if curve:
         replace_card_section(card, "τ against training tokens", curve)
+    legs = history_section(history)
+    if legs:
+        replace_card_section(card, "History of this run", legs)
+    for title, body in kept.items():
+        replace_card_section(card, title, body)
     print(f"[train] exported {out} ({size / 1e6:.1f} MB), card {card}", flush=True)
     dist.close()
     return {"summary": summary, "eval": final_eval, "export": str(out), "size_bytes": size}

@@ -198,6 +198,57 @@ def svg_line_chart(series: dict, x_label: str, y_label: str, title: str, width: 
     return "\n".join(out)
 
 
+# Sections a retrain carries over from the old card: measurements about the recipe, not this checkpoint.
+# ("Tree τ on dev prompts" is not kept: it belongs to the old weights, and `sweep --card` rewrites it.)
+KEPT_CARD_SECTIONS = ("Measured choices",)
+
+
+def read_card_sections(card: Path, titles) -> dict[str, list[str]]:
+    """The bodies of the `## title` sections of an existing card (missing card or section: left out)."""
+    card = Path(card)
+    if not card.is_file():
+        return {}
+    lines = card.read_text().splitlines()
+    found = {}
+    for title in titles:
+        head = f"## {title}"
+        if head in lines:
+            start = lines.index(head) + 1
+            end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+            body = lines[start:end]
+            while body and not body[0].strip():
+                body = body[1:]
+            while body and not body[-1].strip():
+                body = body[:-1]
+            found[title] = body
+    return found
+
+
+def _thousands(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else ""
+
+
+def history_section(history: dict) -> list[str]:
+    """The legs of a run resumed across sessions (history["phases"]), one table row each."""
+    legs = history.get("phases") or []
+    if not legs:
+        return []
+    body = ["The run was trained in legs (each resumes the previous checkpoint: weights, optimizer, sampler).",
+            "The learning rate and the base-loss weight are functions of (step, --steps), so running these",
+            "commands in order, each on the data shards it names, reproduces the run.", "",
+            "| steps | --steps | data shards | train sequences | response tokens | commit | command |",
+            "|---|---|---|---|---|---|---|"]
+    for leg in legs:
+        commit = str(leg.get("commit", ""))[:10]
+        body.append(f"| {leg['from_step']}-{leg['to_step']} | {leg.get('schedule_steps', '')} | {leg.get('shards', '')} "
+                    f"| {leg.get('train_sequences', '')} | {_thousands(leg.get('response_tokens'))} | `{commit}` "
+                    f"| `{leg.get('command', '')}` |")
+    notes = [leg["note"] for leg in legs if leg.get("note")]
+    if notes:
+        body += [""] + [f"- {n}" for n in notes]
+    return body
+
+
 def replace_card_section(card: Path, title: str, body: list[str]) -> None:
     """Put a `## title` section into the card (replacing one of the same title): for results that come
     later than training, such as tree τ from the decoding engine."""

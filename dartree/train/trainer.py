@@ -49,6 +49,7 @@ class SeqStore:
         self._prompt_len: list[int] = []
         self._prompt_index: list[int] = []
         self._feats: list = []  # (array, start, stop) or an array
+        self.shards: list[int] = []  # data-stage shards loaded (from_shards), for the run's record
 
     def add(self, ids, prompt_len: int, features, prompt_index: int = -1) -> None:
         self._ids.append(np.asarray(ids, dtype=np.int64))
@@ -78,6 +79,7 @@ class SeqStore:
             for i in range(len(t["prompt_len"])):
                 a, b = t["offsets"][i], t["offsets"][i + 1]
                 store.add(t["ids"][a:b], t["prompt_len"][i], (feats, fo[i], fo[i + 1]), t["prompt_index"][i])
+            store.shards.append(k)
         return store
 
     def __len__(self) -> int:
@@ -341,8 +343,13 @@ def sample_step(store: SeqStore, train_ids: list[int], rng: np.random.Generator,
 
 
 def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: list[int], heldout_ids: list[int],
-          cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False, dist=None) -> dict:
+          cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False, dist=None,
+          phase: dict | None = None) -> dict:
     """The training loop; resumes from `ckpt_path` when it exists. Returns the history of losses/evals.
+
+    `phase` (the command, schedule and data of this invocation) is appended to history["phases"] with
+    the steps it ran: a run resumed across sessions, on growing data, keeps the record of every leg,
+    so that its card can say exactly how to reproduce it.
 
     `dist` (a DistContext) runs it data-parallel: rank r samples with seed + r, DDP averages the
     gradients, and only rank 0 logs, evaluates and checkpoints.
@@ -369,6 +376,8 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
         if dist.distributed:  # the checkpoint holds rank 0's sampler; the others continue their own stream
             rng = np.random.default_rng([cfg.seed + dist.rank, step])
         log(f"[train] resumed from {ckpt_path} at step {step}")
+    if phase is not None and step < min(cfg.steps, cfg.stop_at or cfg.steps):
+        history.setdefault("phases", []).append({**phase, "from_step": step, "to_step": step})
     K = drafter.block_size
     weights = position_weights(K, cfg.gamma).to(device)
     t0 = time.time() - history["seconds"]
@@ -415,6 +424,8 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             log(f"[eval] step {step}: " + format_eval(ev))
             drafter.train()
         history["seconds"] = time.time() - t0
+        if phase is not None:
+            history["phases"][-1]["to_step"] = step
         if dist.is_main and ckpt_path is not None and cfg.ckpt_every and (step % cfg.ckpt_every == 0 or last):
             save_checkpoint(ckpt_path, drafter, opt, sched, step, history, rng, cfg)
     drafter.eval()
