@@ -132,7 +132,7 @@ def _stage_train(args, preset) -> dict:
     print(f"[train] {data}", flush=True)
     phase = {"command": _command_line(), "commit": git_commit(REPO_ROOT), "schedule_steps": cfg.steps,
              "stop_at": cfg.stop_at, "shards": len(store.shards), "train_sequences": len(train_ids),
-             "response_tokens": store.num_response_tokens()}
+             "response_tokens": data["response tokens (all)"]}
     history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist, phase=phase)
     if not dist.is_main:
         dist.close()

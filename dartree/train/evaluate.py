@@ -203,6 +203,16 @@ def svg_line_chart(series: dict, x_label: str, y_label: str, title: str, width: 
 KEPT_CARD_SECTIONS = ("Measured choices",)
 
 
+def _section_span(lines: list[str], title: str) -> tuple[int, int] | None:
+    """(index of the `## title` line, index of the next `## ` line or the end), or None if absent."""
+    head = f"## {title}"
+    if head not in lines:
+        return None
+    start = lines.index(head)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return start, end
+
+
 def read_card_sections(card: Path, titles) -> dict[str, list[str]]:
     """The bodies of the `## title` sections of an existing card (missing card or section: left out)."""
     card = Path(card)
@@ -211,11 +221,9 @@ def read_card_sections(card: Path, titles) -> dict[str, list[str]]:
     lines = card.read_text().splitlines()
     found = {}
     for title in titles:
-        head = f"## {title}"
-        if head in lines:
-            start = lines.index(head) + 1
-            end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
-            body = lines[start:end]
+        span = _section_span(lines, title)
+        if span is not None:
+            body = lines[span[0] + 1:span[1]]
             while body and not body[0].strip():
                 body = body[1:]
             while body and not body[-1].strip():
@@ -255,10 +263,9 @@ def replace_card_section(card: Path, title: str, body: list[str]) -> None:
     card = Path(card)
     lines = card.read_text().splitlines()
     head = f"## {title}"
-    if head in lines:
-        start = lines.index(head)
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        lines = lines[:start] + lines[end:]
+    span = _section_span(lines, title)
+    if span is not None:
+        lines = lines[:span[0]] + lines[span[1]:]
     cut = next((i for i, line in enumerate(lines) if line == "## Configuration"), len(lines))
     lines = lines[:cut] + [head, ""] + body + [""] + lines[cut:]
     card.write_text("\n".join(lines) + "\n")
