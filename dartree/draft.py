@@ -41,6 +41,11 @@ class DrafterContext:
 class BlockDraft:
     draft: Draft
     hidden: torch.Tensor  # [D, h] drafter hidden states of positions 1..D
+    columns: torch.Tensor | None = None  # [D, C] the candidates' columns in the drafter's logits (None: token ids)
+
+    @property
+    def cand_columns(self) -> torch.Tensor:
+        return self.draft.cand_tokens if self.columns is None else self.columns
 
 
 def draft_block(drafter, target, context: DrafterContext, anchor: torch.Tensor, position: int,
@@ -53,10 +58,12 @@ def draft_block(drafter, target, context: DrafterContext, anchor: torch.Tensor, 
     positions = torch.arange(position, position + k, device=dev)[None]
     embeds = target.embed(block).to(drafter.fc.weight.dtype)
     hidden = drafter.block_hidden(embeds, positions, context.kv)[0, 1:1 + depth]
-    base = target.lm_head(hidden.to(target.dtype))  # [D, V] fp32
-    cand_logits, cand_tokens = base.topk(min(candidates, base.shape[-1]), dim=-1)
+    base = drafter.base_logits(hidden.to(target.dtype), target)  # [D, V or draft vocabulary] fp32
+    cand_logits, columns = base.topk(min(candidates, base.shape[-1]), dim=-1)
     marginal = cand_logits - torch.logsumexp(base, dim=-1, keepdim=True)
-    return BlockDraft(Draft(anchor.reshape(()), cand_tokens, cand_logits, marginal), hidden)
+    cand_tokens = drafter.column_tokens(columns)
+    return BlockDraft(Draft(anchor.reshape(()), cand_tokens, cand_logits, marginal), hidden,
+                      None if drafter.draft_vocab is None else columns)
 
 
 class PathCorrector:
@@ -82,7 +89,7 @@ class PathCorrector:
         if not self.active or depth < self.first_corrected_depth:
             return None
         z = self.block.hidden[depth - 1]
-        columns = self.block.draft.cand_tokens[depth - 1]
+        columns = self.block.cand_columns[depth - 1]
         return self.drafter.correction(z[None], states, columns).float()
 
     def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -31,11 +33,12 @@ def tiny_target(seed: int = 0, std: float = 0.2) -> Target:
                   eos_token_ids=EOS)
 
 
-def tiny_drafter(seed: int = 1, block_size: int = 4) -> DominoDrafter:
+def tiny_drafter(seed: int = 1, block_size: int = 4, draft_vocab_size: int = 0) -> DominoDrafter:
     torch.manual_seed(seed)
     cfg = make_config(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
                       vocab_size=VOCAB, num_target_layers=2, target_layer_ids=list(LAYERS), mask_token_id=1,
-                      num_layers=2, block_size=block_size, emb_dim=16, gru_hidden_dim=24, rope_theta=10000.0)
+                      num_layers=2, block_size=block_size, emb_dim=16, gru_hidden_dim=24, rope_theta=10000.0,
+                      draft_vocab_size=draft_vocab_size)
     return DominoDrafter(cfg)
 
 
@@ -155,10 +158,11 @@ def test_batched_blocks_match_one_block_at_a_time(target, generated):
                 torch.testing.assert_close(corr[r, j, :m], c1[0, :m], rtol=1e-4, atol=1e-4)
 
 
-def test_fifty_steps_lower_the_loss(target, generated):
+@pytest.mark.parametrize("draft_vocab_size", [0, 40])
+def test_fifty_steps_lower_the_loss(target, generated, draft_vocab_size):
     store = store_of(generated)
     train_ids, held = split_heldout(store, 4)
-    drafter = tiny_drafter()
+    drafter = tiny_drafter(draft_vocab_size=draft_vocab_size)
     cfg = TrainConfig(steps=50, lr=3e-3, warmup_steps=5, seqs_per_step=4, anchors_per_seq=8, eval_every=50,
                       ckpt_every=0, log_every=0, heldout_seqs=4, autocast="off")
     hist = train(target, drafter, store, train_ids, held, cfg, log=lambda *a: None)
@@ -167,11 +171,27 @@ def test_fifty_steps_lower_the_loss(target, generated):
     assert np.mean(hist["loss_corr"][-10:]) < np.mean(hist["loss_corr"][:10])
     ev = hist["eval"][-1]
     assert len(ev["acc_base"]) == drafter.block_size - 1 and 1.0 <= ev["tau_corr"] <= drafter.block_size
+    if draft_vocab_size:  # the run chose its vocabulary from its own training responses, end-of-turn included
+        vocab = set(drafter.draft_vocab.tolist())
+        assert len(vocab) == draft_vocab_size and set(EOS) <= vocab
 
 
-def test_checkpoint_round_trip_is_exact(target, generated, tmp_path):
+def test_draft_vocab_from_data_takes_the_most_frequent_training_tokens():
+    store = SeqStore()
+    store.add([9, 9, 3, 3, 3, 7, 7, 2], 2, np.zeros((7, 4), np.float16))  # prompt [9, 9] is not counted
+    store.add([1, 2, 3, 4], 1, np.zeros((3, 4), np.float16))
+    store.add([8, 8, 8, 8, 8], 1, np.zeros((4, 4), np.float16))  # held out: not counted
+    from dartree.train.trainer import draft_vocab_from_data
+
+    # responses of 0 and 1: 3 x4, 7 x2, 2 x2, 4 x1 -> top 3 = {3, 2, 7} (2 before 7 on the tie), + forced 5
+    assert draft_vocab_from_data(store, [0, 1], 4, always=[5]).tolist() == [2, 3, 5, 7]
+    assert draft_vocab_from_data(store, [0, 1], 2).tolist() == [2, 3]
+
+@pytest.mark.parametrize("draft_vocab_size", [0, 40])
+def test_checkpoint_round_trip_is_exact(target, generated, tmp_path, draft_vocab_size):
     store = store_of(generated)
     train_ids, held = split_heldout(store, 0)
+    tiny_drafter = functools.partial(globals()["tiny_drafter"], draft_vocab_size=draft_vocab_size)
     cfg = TrainConfig(steps=6, lr=3e-3, warmup_steps=2, seqs_per_step=2, anchors_per_seq=4, eval_every=0,
                       ckpt_every=3, log_every=0)
     quiet = dict(log=lambda *a: None)

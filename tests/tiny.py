@@ -25,14 +25,15 @@ def tiny_target(vocab: int = TINY_VOCAB, layers: int = 2, seed: int = 0, hidden:
                   eos_token_ids=(vocab - 1,))
 
 
-def tiny_drafter_config(target: Target, block_size: int = 6, correction: bool = True, prefix: int = 0) -> dict:
+def tiny_drafter_config(target: Target, block_size: int = 6, correction: bool = True, prefix: int = 0,
+                        draft_vocab_size: int = 0) -> dict:
     cfg = target.model.config
     return make_config(hidden_size=cfg.hidden_size, num_heads=4, num_kv_heads=2, head_dim=cfg.hidden_size // 4,
                        intermediate_size=2 * cfg.hidden_size, vocab_size=cfg.vocab_size,
                        num_target_layers=cfg.num_hidden_layers,
                        target_layer_ids=list(range(cfg.num_hidden_layers)), mask_token_id=1, num_layers=2,
                        block_size=block_size, emb_dim=16, gru_hidden_dim=24, pure_draft_prefix_len=prefix,
-                       correction=correction)
+                       correction=correction, draft_vocab_size=draft_vocab_size)
 
 
 def tiny_drafter(target: Target, seed: int = 1, std: float = 0.3, **kw) -> DominoDrafter:

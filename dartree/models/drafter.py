@@ -12,6 +12,13 @@ normalised by ``hidden_norm``; every drafter layer turns them into context keys 
 gives hidden states z_1..z_{K-1} for the K-1 future positions. The drafter has no embedding or LM head
 of its own: it uses the target's.
 
+Draft vocabulary (optional, ``dflash_config.draft_vocab_size`` plus a ``draft_vocab`` id tensor): the drafter
+proposes tokens from a fixed subset of the target's vocabulary only (EAGLE-3's "draft vocab"). Its base
+logits are the target's LM head restricted to those rows, and ``embed_proj.2`` has one row per draft token.
+A small model's responses use few distinct tokens (SmolLM2: the 16,384 most frequent cover 99.7% of the
+training responses), so drafting and training skip most of a 49k-wide head. It stays lossless: the
+target verifies every token. Checkpoints without it (the public Domino ones) draft over the full vocabulary.
+
 Correction head: a GRU runs over the target embeddings of the tokens chosen along a path (the anchor
 first). The logits at block position i are ``base_i + embed_proj.2(SiLU(embed_proj.0([z_i ; s_i])))``
 where s_i is the GRU state after the anchor and the path's tokens at depths 1..i-1. Positions
@@ -66,6 +73,7 @@ class DrafterConfig:
     emb_dim: int
     gru_hidden_dim: int
     pure_draft_prefix_len: int
+    draft_vocab_size: int  # 0: the full vocabulary
     raw: dict
 
     @classmethod
@@ -99,6 +107,7 @@ class DrafterConfig:
                 emb_dim=int(dcfg.get("emb_dim", 0)),
                 gru_hidden_dim=int(dcfg.get("gru_hidden_dim", 0)),
                 pure_draft_prefix_len=int(dcfg.get("pure_draft_prefix_len", 0)),
+                draft_vocab_size=int(dcfg.get("draft_vocab_size", 0) or 0),
                 raw=raw,
             )
         except KeyError as exc:
@@ -108,17 +117,24 @@ class DrafterConfig:
     def has_correction(self) -> bool:
         return self.projector_type == "domino"
 
+    @property
+    def output_size(self) -> int:
+        """Columns of the drafter's logits: the draft vocabulary, or the whole vocabulary."""
+        return self.draft_vocab_size or self.vocab_size
+
 
 def make_config(*, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int,
                 vocab_size: int, num_target_layers: int, target_layer_ids, mask_token_id: int,
                 num_layers: int = 2, block_size: int = 8, emb_dim: int = 128, gru_hidden_dim: int = 256,
                 pure_draft_prefix_len: int = 0, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6,
-                max_position_embeddings: int = 8192, correction: bool = True) -> dict:
+                max_position_embeddings: int = 8192, correction: bool = True, draft_vocab_size: int = 0) -> dict:
     """A config.json dict in the public Domino layout (Qwen3-style with a dflash_config)."""
     dflash = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
     if correction:
         dflash.update(projector_type="domino", emb_dim=emb_dim, gru_hidden_dim=gru_hidden_dim,
                       pure_draft_prefix_len=pure_draft_prefix_len)
+    if draft_vocab_size:
+        dflash["draft_vocab_size"] = int(draft_vocab_size)
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
         "hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
@@ -231,8 +247,16 @@ class DominoDrafter(nn.Module):
             self.embed_proj = nn.Sequential(
                 nn.Linear(h + cfg.gru_hidden_dim, cfg.emb_dim, bias=False),
                 nn.SiLU(),
-                nn.Linear(cfg.emb_dim, cfg.vocab_size, bias=False),
+                nn.Linear(cfg.emb_dim, cfg.output_size, bias=False),
             )
+        if cfg.draft_vocab_size:
+            if not 0 < cfg.draft_vocab_size <= cfg.vocab_size:
+                raise UserError(f"drafter draft_vocab_size {cfg.draft_vocab_size} must be in 1..{cfg.vocab_size}")
+            # Token ids of the draft vocabulary, ascending; set from data by the trainer, saved with the weights.
+            self.register_buffer("draft_vocab", torch.arange(cfg.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+        self._head_cache = None  # (key, nn.Linear): the target's LM-head rows of the draft vocabulary
         self.reset_parameters()
 
     # ---------------------------------------------------------------- construction and checkpoints
@@ -266,7 +290,8 @@ class DominoDrafter(nn.Module):
         raw["torch_dtype"] = str(dtype).replace("torch.", "")
         if extra_config:
             raw.update(extra_config)
-        state = {k: v.detach().to(dtype).contiguous().cpu() for k, v in self.state_dict().items()}
+        state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous().cpu()
+                 for k, v in self.state_dict().items()}
         save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
         (folder / CONFIG_NAME).write_text(json.dumps(raw, indent=2) + "\n")
 
@@ -313,7 +338,8 @@ class DominoDrafter(nn.Module):
             if tensor.shape != expected[key].shape:
                 raise UserError(f"drafter weight {key} has shape {tuple(tensor.shape)}, "
                                 f"config implies {tuple(expected[key].shape)}")
-        model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+        model.check_draft_vocab()
         return model.to(device=device, dtype=dtype).keep_gru_fp32().eval()
 
     def check_matches(self, target) -> None:
@@ -330,6 +356,63 @@ class DominoDrafter(nn.Module):
             problems.append(f"mask token id {cfg.mask_token_id} outside the vocabulary")
         if problems:
             raise UserError("the drafter does not fit this target: " + "; ".join(problems))
+
+    # ---------------------------------------------------------------- draft vocabulary
+    def set_draft_vocab(self, token_ids) -> None:
+        """Fill the draft vocabulary (distinct token ids; stored ascending)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).unique()  # sorted
+        if self.draft_vocab is None or ids.numel() != self.draft_vocab.numel():
+            raise ValueError(f"need exactly {self.cfg.draft_vocab_size} distinct token ids, got {ids.numel()}")
+        self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
+        self.check_draft_vocab()
+        self._head_cache = None
+
+    def check_draft_vocab(self) -> None:
+        if self.draft_vocab is None:
+            return
+        v = self.draft_vocab
+        if v.numel() and (int(v.min()) < 0 or int(v.max()) >= self.cfg.vocab_size or bool((v[1:] <= v[:-1]).any())):
+            raise UserError("the drafter's draft_vocab must be ascending distinct token ids inside the vocabulary")
+
+    def to_draft_columns(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Column of each token id in the drafter's logits; -1 where the draft vocabulary lacks it."""
+        if self.draft_vocab is None:
+            return token_ids
+        pos = torch.searchsorted(self.draft_vocab, token_ids.clamp(min=0))
+        pos = pos.clamp(max=self.draft_vocab.numel() - 1)
+        return torch.where(self.draft_vocab[pos] == token_ids, pos, torch.full_like(pos, -1))
+
+    def column_tokens(self, columns: torch.Tensor) -> torch.Tensor:
+        """Token ids of logit columns (the inverse of `to_draft_columns`)."""
+        return columns if self.draft_vocab is None else self.draft_vocab[columns]
+
+    def base_logits(self, z: torch.Tensor, target) -> torch.Tensor:
+        """Base logits over the drafter's columns: the target's frozen LM head, restricted to the draft
+        vocabulary when there is one (a row slice copied once per target, so MKL packing applies).
+        In training (autocast) the result keeps autocast's dtype; callers cast to fp32 for losses."""
+        if self.draft_vocab is None:
+            return target.lm_head(z)
+        head = self._draft_head(target)
+        if torch.is_autocast_enabled(z.device.type):
+            return head(z)
+        return head(z.to(head.weight.dtype)).float()
+
+    def _draft_head(self, target) -> nn.Linear:
+        full = target.model.get_output_embeddings().weight
+        key = (full.data_ptr(), full._version, full.dtype, full.device, self.draft_vocab.data_ptr(),
+               self.draft_vocab._version)
+        if self._head_cache is None or self._head_cache[0] != key:
+            head = nn.Linear(full.shape[1], self.draft_vocab.numel(), bias=False, device=full.device, dtype=full.dtype)
+            with torch.no_grad():
+                head.weight.copy_(full.detach()[self.draft_vocab.to(full.device)])
+            head.weight.requires_grad_(False)
+            packs = getattr(target, "packed_weights", None)
+            if packs is not None:
+                from .packed import use_packed_linears
+                use_packed_linears(head, packs)
+            # a plain attribute, not a submodule: it is derived from the target, never saved or trained
+            object.__setattr__(self, "_head_cache", (key, head))
+        return self._head_cache[1]
 
     # ---------------------------------------------------------------- backbone
     def project_features(self, features: torch.Tensor) -> torch.Tensor:
@@ -386,7 +469,9 @@ class DominoDrafter(nn.Module):
         return out
 
     def correction(self, z: torch.Tensor, state: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
-        """Logit residual embed_proj(SiLU-MLP([z ; s])); only the `columns` (candidate ids) when given.
+        """Logit residual embed_proj(SiLU-MLP([z ; s])); only the `columns` (candidate columns) when given.
+
+        Columns index the drafter's logits: token ids, or draft-vocabulary positions when it has one.
 
         z and state broadcast against each other on leading dims. Restricting to the top-C candidate
         columns turns a [n, emb] x [emb, vocab] product into [n, emb] x [emb, C].

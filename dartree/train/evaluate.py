@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .trainer import autocast, build_batch, drafter_logits
+from .trainer import autocast, build_batch, drafter_logits, to_draft_labels
 
 
 def eval_anchors(anchors: np.ndarray, n: int) -> np.ndarray:
@@ -47,7 +47,7 @@ def evaluate_chain(target, drafter, store, seq_ids, anchors_per_seq: int = 8, se
     for s in range(0, len(seq_ids), seqs_per_batch):
         seqs = list(seq_ids[s:s + seqs_per_batch])
         anchors = [eval_anchors(store.anchors(i), anchors_per_seq) for i in seqs]
-        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device)
+        batch = to_draft_labels(drafter, build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device))
         with autocast(autocast_mode, device.type):
             base, corrected = drafter_logits(target, drafter, batch)
         base = base.float()
@@ -60,7 +60,7 @@ def evaluate_chain(target, drafter, store, seq_ids, anchors_per_seq: int = 8, se
             block_ok = valid[..., 0]
             lens.extend(chain[block_ok].tolist())
         count += valid.sum((0, 1)).cpu().numpy()
-        v = valid.reshape(-1)
+        v = (valid & (batch.labels >= 0)).reshape(-1)  # cross-entropy only where the label can be drafted
         lab = batch.labels.reshape(-1)[v]
         ce_b += float(F.cross_entropy(base.reshape(-1, base.shape[-1])[v], lab, reduction="sum"))
         ce_c += float(F.cross_entropy(corrected.reshape(-1, corrected.shape[-1])[v], lab, reduction="sum"))

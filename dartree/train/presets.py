@@ -20,6 +20,9 @@ PRESETS: dict[str, dict] = {
             "num_layers": 2, "block_size": 8, "emb_dim": 128, "gru_hidden_dim": 256,
             "pure_draft_prefix_len": 0, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
             "max_position_embeddings": 8192,
+            # Draft only the 16,384 most frequent response tokens (99.7% of them): a 3x smaller head to
+            # train and to run (see DominoDrafter).
+            "draft_vocab_size": 16384,
         },
         # Data generation.
         "data": {

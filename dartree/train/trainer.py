@@ -187,7 +187,7 @@ def drafter_logits(target: Target, drafter: DominoDrafter, batch: Batch):
     z = h.view(b, A, K, -1)[:, :, 1:]  # slot 0 is the anchor
     if z.dtype != target.dtype and not torch.is_autocast_enabled(z.device.type):
         z = z.to(target.dtype)  # a bf16 target without autocast
-    base = target.lm_head(z)
+    base = drafter.base_logits(z, target)
     corrected = None
     if drafter.cfg.has_correction:
         states = drafter.gru_scan(path_emb).view(b, A, K - 1, -1)
@@ -211,11 +211,36 @@ def position_weights(K: int, gamma: float) -> torch.Tensor:
     return torch.exp(-torch.arange(K - 1, dtype=torch.float32) / gamma)
 
 
+def to_draft_labels(drafter: DominoDrafter, batch: Batch) -> Batch:
+    """Labels as columns of the drafter's logits. With a draft vocabulary, a label outside it can never be
+    drafted: it leaves the loss (valid = False) and the evaluation counts it as a miss (column -1)."""
+    if drafter.draft_vocab is None:
+        return batch
+    from dataclasses import replace
+
+    return replace(batch, labels=drafter.to_draft_columns(batch.labels))
+
+
 def weighted_ce(logits: torch.Tensor, batch: Batch, weights: torch.Tensor) -> torch.Tensor:
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1),
+    """Position-weighted cross-entropy over valid labels (labels of -1, outside a draft vocabulary, skipped)."""
+    valid = batch.valid & (batch.labels >= 0)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.clamp(min=0).reshape(-1),
                          reduction="none").view(batch.labels.shape)
-    w = weights.view(1, 1, -1) * batch.valid
+    w = weights.view(1, 1, -1) * valid
     return (ce * w).sum() / w.sum().clamp(min=1e-9)
+
+
+def draft_vocab_from_data(store: "SeqStore", seq_ids: list[int], size: int, always=()) -> np.ndarray:
+    """The `size` most frequent response tokens of the training sequences (ties: lower id), plus `always`
+    (end-of-turn tokens), as ascending ids. Held-out sequences are not counted."""
+    counts = np.zeros(int(max(int(store.ids(i).max()) for i in seq_ids)) + 1, dtype=np.int64)
+    for i in seq_ids:
+        np.add.at(counts, store.ids(i)[store.prompt_len(i):], 1)
+    forced = sorted({int(t) for t in always})
+    order = np.lexsort((np.arange(len(counts)), -counts))  # by count desc, then id asc
+    skip = set(forced)
+    picked = [t for t in order.tolist() if t not in skip][: max(0, size - len(forced))]
+    return np.array(sorted(set(picked) | set(forced)), dtype=np.int64)
 
 
 # ---------------------------------------------------------------------------------------------- init
@@ -376,6 +401,13 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
         if dist.distributed:  # the checkpoint holds rank 0's sampler; the others continue their own stream
             rng = np.random.default_rng([cfg.seed + dist.rank, step])
         log(f"[train] resumed from {ckpt_path} at step {step}")
+    elif drafter.draft_vocab is not None:  # a fresh run: its draft vocabulary comes from its training data
+        drafter.set_draft_vocab(draft_vocab_from_data(store, train_ids, drafter.cfg.draft_vocab_size,
+                                                      always=target.eos_token_ids))
+        covered = np.isin(np.concatenate([store.ids(i)[store.prompt_len(i):] for i in heldout_ids]),
+                          drafter.draft_vocab.cpu().numpy()).mean() if heldout_ids else float("nan")
+        log(f"[train] draft vocabulary: {drafter.cfg.draft_vocab_size} tokens, "
+            f"covering {covered:.2%} of held-out response tokens")
     if phase is not None and step < min(cfg.steps, cfg.stop_at or cfg.steps):
         history.setdefault("phases", []).append({**phase, "from_step": step, "to_step": step})
     K = drafter.block_size
@@ -385,7 +417,7 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
     end = min(cfg.steps, cfg.stop_at or cfg.steps)
     while step < end:
         seqs, anchors = sample_step(store, train_ids, rng, cfg)
-        batch = build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device)
+        batch = to_draft_labels(drafter, build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device))
         with autocast(cfg.autocast, device.type):
             base, corrected = model(batch)
         base = base.float()
