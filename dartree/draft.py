@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .tree import Draft
 
@@ -67,7 +68,15 @@ def draft_block(drafter, target, context: DrafterContext, anchor: torch.Tensor, 
 
 
 class PathCorrector:
-    """The Domino head as the builders see it (the `Corrector` protocol in dartree.tree)."""
+    """The Domino head as the builders see it (the `Corrector` protocol in dartree.tree).
+
+    Everything of the head that does not depend on the path is computed once a round, when the
+    corrector is made: the block-position half of ``embed_proj.0`` ([z ; s] -> W_z z + W_s s, so W_z z
+    is one [D, h] x [h, emb] product for all depths) and the ``embed_proj.2`` rows of every depth's
+    candidates. A depth then costs one [F, g] x [g, emb] product, a SiLU and one [F, emb] x [emb, C]
+    product, plus a fused GRU cell to advance the survivors: a handful of ops on W rows, which is what
+    keeps the depth-batched build cheap on a CPU.
+    """
 
     def __init__(self, drafter, target, block: BlockDraft):
         self.drafter = drafter
@@ -76,6 +85,14 @@ class PathCorrector:
         self.active = drafter.cfg.has_correction
         self.first_corrected_depth = drafter.cfg.pure_draft_prefix_len + 1
         self.dtype = drafter.fc.weight.dtype
+        if self.active:
+            w0 = drafter.embed_proj[0].weight  # [emb, h + g]
+            h = drafter.cfg.hidden_size
+            self._z_part = block.hidden.to(w0.dtype) @ w0[:, :h].T  # [D, emb]
+            self._state_weight = w0[:, h:].T.contiguous()  # [g, emb]
+            self._column_weight = drafter.embed_proj[2].weight[block.cand_columns].transpose(1, 2)  # [D, emb, C]
+            gru = drafter.prefix_gru
+            self._gru_weights = (gru.weight_ih_l0, gru.weight_hh_l0)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.target.embed(tokens).to(self.dtype)
@@ -83,16 +100,18 @@ class PathCorrector:
     def root_state(self) -> torch.Tensor:
         anchor = self.block.draft.anchor.reshape(1)
         state = self.drafter.initial_state(1, anchor.device)
-        return self.drafter.gru_step(self._embed(anchor), state) if self.active else state
+        return self.advance(anchor, state) if self.active else state
 
     def residual(self, depth: int, states: torch.Tensor):
+        """The head's logit residual [F, C] for depth `depth`'s candidates under each of F path states."""
         if not self.active or depth < self.first_corrected_depth:
             return None
-        z = self.block.hidden[depth - 1]
-        columns = self.block.cand_columns[depth - 1]
-        return self.drafter.correction(z[None], states, columns).float()
+        hidden = F.silu(torch.addmm(self._z_part[depth - 1], states.to(self._state_weight.dtype), self._state_weight))
+        return (hidden @ self._column_weight[depth - 1]).float()
 
     def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """GRU states after each path's next token (one fused cell; the same maths as `DominoDrafter.gru_step`)."""
         if not self.active:
             return states
-        return self.drafter.gru_step(self._embed(tokens), states)
+        w_ih, w_hh = self._gru_weights
+        return torch.gru_cell(self._embed(tokens).to(w_ih.dtype), states.to(w_ih.dtype), w_ih, w_hh)
