@@ -98,3 +98,22 @@ def test_decoding_with_a_draft_vocabulary_equals_plain_decoding(method):
     settings = DecodeSettings(method=method, width=4, budget=10, candidates=6, max_new_tokens=30)
     got = generate(target, drafter, prompt, settings)
     assert got.token_ids == ref
+
+
+def test_decoding_through_packed_weights_builds_the_draft_head_outside_inference_mode():
+    """The draft head is first built inside the decoder's inference mode; MKL packing keys on its version."""
+    from dartree.models.packed import packing_available, use_packed_linears
+
+    if not packing_available():
+        pytest.skip("no MKL packed GEMM in this torch build")
+    target = tiny_target()
+    target.packed_weights = use_packed_linears(target.model)
+    drafter = vocab_drafter(target)
+    use_packed_linears(drafter, target.packed_weights, skip=("embed_proj",))
+    prompt = [4, 9, 33, 12, 7]
+    ref = generate(target, None, prompt, DecodeSettings(method="ar", max_new_tokens=20)).token_ids
+    for _ in range(2):  # the second run meets the cached head (and its packs)
+        got = generate(target, drafter, prompt, DecodeSettings(method="dartree", width=4, budget=10, candidates=6,
+                                                               max_new_tokens=20))
+        assert got.token_ids == ref
+    assert not drafter._head_cache[1].weight.is_inference()

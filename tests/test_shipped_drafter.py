@@ -39,6 +39,11 @@ def test_shipped_checkpoint_loads_by_default_and_matches_the_target(real_target)
     assert list(cfg.target_layer_ids) == preset["target_layer_ids"]
     assert cfg.num_target_layers == real_target.num_layers
     assert cfg.has_correction
+    # its draft vocabulary is the preset's size, ascending ids of the target's vocabulary, end of turn included
+    assert cfg.draft_vocab_size == preset["draft_vocab_size"] == drafter.draft_vocab.numel()
+    ids = drafter.draft_vocab.cpu()
+    assert bool((ids[1:] > ids[:-1]).all()) and 0 <= int(ids[0]) and int(ids[-1]) < real_target.vocab_size
+    assert set(real_target.eos_token_ids) <= set(ids.tolist())
     # the same public loader a hub checkpoint uses (Huang2020/Qwen3-4B-Domino-b16's layout)
     again = DominoDrafter.from_pretrained(loading.SHIPPED_DRAFTER)
     for (k, a), (_, b) in zip(again.state_dict().items(), drafter.state_dict().items()):

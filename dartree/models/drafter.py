@@ -402,8 +402,11 @@ class DominoDrafter(nn.Module):
         key = (full.data_ptr(), full._version, full.dtype, full.device, self.draft_vocab.data_ptr(),
                self.draft_vocab._version)
         if self._head_cache is None or self._head_cache[0] != key:
-            head = nn.Linear(full.shape[1], self.draft_vocab.numel(), bias=False, device=full.device, dtype=full.dtype)
-            with torch.no_grad():
+            # Built outside inference mode even when first needed inside it (decoding runs under
+            # torch.inference_mode): an inference tensor has no version counter for the pack cache's key.
+            with torch.inference_mode(False), torch.no_grad():
+                head = nn.Linear(full.shape[1], self.draft_vocab.numel(), bias=False, device=full.device,
+                                 dtype=full.dtype)
                 head.weight.copy_(full.detach()[self.draft_vocab.to(full.device)])
             head.weight.requires_grad_(False)
             packs = getattr(target, "packed_weights", None)
