@@ -22,8 +22,10 @@ def test_shipped_checkpoint_is_small_16_bit_and_documented():
     from safetensors import safe_open
 
     with safe_open(str(folder / weights[0]), "pt") as f:
-        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
-    assert dtypes <= {"BF16", "F16"}, dtypes
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    # every weight in 16 bits; the draft vocabulary is the one integer tensor (token ids)
+    assert {d for k, d in dtypes.items() if k != "draft_vocab"} <= {"BF16", "F16"}, dtypes
+    assert dtypes.get("draft_vocab") == "I64"
     card = (folder / "TRAINING.md").read_text()
     assert "python -m dartree.train --preset smollm2-cpu" in card and "git commit" in card
     info = json.loads((folder / "config.json").read_text())["dartree_training"]

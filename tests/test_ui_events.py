@@ -217,15 +217,19 @@ def test_auto_budget_round_is_lossless_and_explains_its_choice(canonical, plain)
     assert ui.Controls.of(*values).auto_budget and not ui.Controls.of(*values[:-1], "false").auto_budget
 
 
-def test_default_controls_are_the_measured_shape_and_auto_only_where_calibrated(models):
+def test_default_controls_are_the_measured_shape_and_auto_only_where_calibrated(models, monkeypatch):
     from dataclasses import replace
 
     from dartree.defaults import CPU_DEFAULTS
 
     c = ui.default_controls(models, max_new_tokens=12)
     assert (c.width, c.budget, c.auto_budget, c.max_new_tokens) == (CPU_DEFAULTS["width"], CPU_DEFAULTS["budget"],
-                                                                    CPU_DEFAULTS["auto_budget"], 12)
+                                                                    bool(CPU_DEFAULTS.get("auto_budget")), 12)
+    # a device default with the auto budget keeps it only where a shipped calibration fits the models
+    monkeypatch.setitem(CPU_DEFAULTS, "auto_budget", True)
+    auto = ui.default_controls(models, max_new_tokens=12)
+    assert auto.auto_budget is True
     other = replace(models, drafter_name="some/other-drafter")  # no shipped calibration fits it
     assert ui.default_controls(other).auto_budget is False
-    session = ui.canonical_session(models, c)  # the shipped policy drives the first round
+    session = ui.canonical_session(models, auto)  # the shipped policy drives the first round
     assert session.decoder.settings.auto_budget and len(session.decoder.rounds) >= 1
