@@ -213,7 +213,7 @@ def position_weights(K: int, gamma: float) -> torch.Tensor:
 
 def to_draft_labels(drafter: DominoDrafter, batch: Batch) -> Batch:
     """Labels as columns of the drafter's logits. With a draft vocabulary, a label outside it can never be
-    drafted: it leaves the loss (valid = False) and the evaluation counts it as a miss (column -1)."""
+    drafted: it becomes column -1, which `weighted_ce` skips and the evaluation counts as a miss."""
     if drafter.draft_vocab is None:
         return batch
     from dataclasses import replace
