@@ -110,8 +110,11 @@ def machine_info(device) -> dict:
 
 
 def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: DecodeSettings, progress=True,
-              warmup_tokens: int = 8, budget_policy=None) -> dict:
-    """Measure every config on every prompt, interleaved; returns the results dict written as JSON."""
+              warmup_tokens: int = 8, budget_policy=None, sources: list[str] | None = None) -> dict:
+    """Measure every config on every prompt, interleaved; returns the results dict written as JSON.
+
+    `sources` (one per prompt, e.g. the dev file's `source` field) adds each row's τ and speedup per
+    source: acceptance depends on the domain far more than on W or B, and a mean hides that."""
     from tqdm import tqdm
 
     target, drafter = models.target, models.drafter
@@ -149,9 +152,25 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "round_seconds": total / rounds if rounds else 0.0,
             "mean_nodes": sum(x.tree_nodes for r in runs for x in r.round_records) / rounds if rounds else 0.0,
         })
+        if sources and len(set(sources)) > 1:
+            rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
     return {"rows": rows, "machine": machine_info(target.device), "settings": {
         "max_new_tokens": base.max_new_tokens, "temperature": base.temperature, "candidates": base.candidates,
         "depth": base.depth, "n_prompts": len(prompts)}, "drafter": models.drafter_description}
+
+
+def _by_source(runs, ar_runs, sources: list[str]) -> dict:
+    """τ and speedup against plain decoding over each source's prompts (same ratios as the whole row)."""
+    out = {}
+    for src in sorted(set(sources)):
+        mine = [r for r, s in zip(runs, sources) if s == src]
+        ar = [a for a, s in zip(ar_runs, sources) if s == src]
+        rounds = sum(r.rounds for r in mine)
+        ar_tps = _tokens_per_second(ar)
+        out[src] = {"n_prompts": len(mine),
+                    "tau": sum(x.committed for r in mine for x in r.round_records) / rounds if rounds else 0.0,
+                    "speedup_vs_ar": _tokens_per_second(mine) / ar_tps if ar_tps else 0.0}
+    return out
 
 
 def _tokens_per_second(runs) -> float:
@@ -169,6 +188,14 @@ def format_table(results: dict) -> str:
         lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{r['tau']:>7.2f}"
                      f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}"
                      f"{r['identical_to_ar']:>3}/{r['n_prompts']:<2}  {share}")
+    by_method = [(r, r["by_source"]) for r in results["rows"] if r.get("by_source") and r["method"] != "ar"]
+    if by_method:
+        sources = list(by_method[0][1])
+        lines += ["", "tau by prompt source (speedup):", f"{'':<23}" + "".join(f"{s[:24]:>26}" for s in sources)]
+        for r, per in by_method:
+            label = f"{r['method']} {r['width'] or ''} {r['budget'] or ''}".strip()
+            lines.append(f"{label:<23}" + "".join(f"{per[s]['tau']:>19.2f} ({per[s]['speedup_vs_ar']:.2f})"
+                                                  for s in sources))
     return "\n".join(lines)
 
 

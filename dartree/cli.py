@@ -81,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--budgets", type=_int_list, default=None)
     bench.add_argument("--widths", type=_int_list, default=None)
     bench.add_argument("--configs", default=None,
-                       help="exact configs instead of the grid, e.g. 'chain,ddtree:B=32,dartree:W=8:B=32,dartree:W=8:B=auto'")
+                       help="exact configs instead of the grid, e.g. 'chain,ddtree:B=32,dartree:W=8:B=32,dartree:W=8:B=auto'; "
+                            "with --best-of, extra configs decoded in the same run")
     bench.add_argument("--best-of", default=None, metavar="SWEEP_JSON",
-                       help="decode each method's best configuration of a sweep (by predicted tokens/s)")
+                       help="decode each method's best configuration of a sweep (by predicted tokens/s), plus any --configs")
     bench.add_argument("--budget-policy", default=None, help="calibration file for B=auto (default: the shipped one)")
     bench.add_argument("--out", default=None, help="results JSON path")
     bench.add_argument("--cost-curve", action="store_true", help="also measure t_verify(N) and t_draft")
@@ -176,8 +177,6 @@ def _grid(args, models):
     from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
 
-    if getattr(args, "configs", None) and getattr(args, "best_of", None):
-        raise UserError("give --configs or --best-of, not both")
     if getattr(args, "best_of", None):
         from .sweep import best_configs
 
@@ -188,6 +187,8 @@ def _grid(args, models):
             configs = best_configs(json.loads(path.read_text())["rows"])
         except (ValueError, KeyError, TypeError) as exc:
             raise UserError(f"--best-of: {path} is not a sweep results file ({exc})") from None
+        if getattr(args, "configs", None):  # extra configurations in the same interleaved run
+            configs += [c for c in parse_configs(args.configs) if c not in configs]
     elif getattr(args, "configs", None):
         configs = parse_configs(args.configs)
     else:
@@ -214,15 +215,17 @@ def _write_json(path, results) -> None:
 def cmd_bench(args) -> int:
     from .bench import cost_curve, format_table, run_bench
     from .models.loading import load_models
-    from .prompts import DEV_PROMPTS, read_prompt_file
+    from .prompts import DEV_PROMPTS, read_prompt_rows
 
-    prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
+    rows = read_prompt_rows(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
+    prompts = [prompt for prompt, _ in rows]
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter, args.device, args.dtype)
     configs, base = _grid(args, models)
     policy = _budget_policy(models, args.budget_policy) if any(c.auto for c in configs) else None
     print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
-    results = run_bench(models, prompts, configs, base, progress=not args.no_progress, budget_policy=policy)
+    results = run_bench(models, prompts, configs, base, progress=not args.no_progress, budget_policy=policy,
+                        sources=[source for _, source in rows])
     results["command"] = _command_line(args)
     if args.cost_curve:
         results["cost_curve"] = cost_curve(models, prompts[0])

@@ -16,15 +16,21 @@ TRAIN_PROMPTS = SHARED_DATA / "train_prompts.jsonl"
 def read_prompt_file(path: str | Path, limit: int | None = None, spread: bool = False) -> list[str]:
     """Prompts of a JSONL file, in file order; `limit` keeps the first N, or with `spread` N prompts
     evenly spaced over the whole file (a fair sample of a file grouped by source)."""
+    return [prompt for prompt, _ in read_prompt_rows(path, limit, spread)]
+
+
+def read_prompt_rows(path: str | Path, limit: int | None = None, spread: bool = False) -> list[tuple[str, str]]:
+    """(prompt, source) pairs, chosen as `read_prompt_file` chooses prompts; the source is the row's
+    optional `source` field ("" when absent), so that results can be broken down by domain."""
     if spread and limit is not None:
-        prompts = read_prompt_file(path)
-        if limit >= len(prompts):
-            return prompts
-        return [prompts[round(i * (len(prompts) - 1) / max(limit - 1, 1))] for i in range(limit)]
+        rows = read_prompt_rows(path)
+        if limit >= len(rows):
+            return rows
+        return [rows[round(i * (len(rows) - 1) / max(limit - 1, 1))] for i in range(limit)]
     path = Path(path)
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist")
-    prompts = []
+    rows = []
     with path.open() as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -35,12 +41,12 @@ def read_prompt_file(path: str | Path, limit: int | None = None, spread: bool = 
                 raise UserError(f"{path}:{line_no} is not valid JSON: {exc}") from exc
             if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                 raise UserError(f"{path}:{line_no} has no string field 'prompt'")
-            prompts.append(row["prompt"])
-            if limit is not None and len(prompts) >= limit:
+            rows.append((row["prompt"], str(row.get("source", ""))))
+            if limit is not None and len(rows) >= limit:
                 break
-    if not prompts:
+    if not rows:
         raise UserError(f"prompt file {path} holds no prompts")
-    return prompts
+    return rows
 
 
 def fit_to_context(ids: list[int], max_context: int, reserve: int) -> tuple[list[int], int]:

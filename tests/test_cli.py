@@ -34,15 +34,21 @@ def test_generate_json_lines_match_plain_decoding(tmp_path):
 
 def test_bench_writes_rows_against_plain_decoding(tmp_path):
     out_file = tmp_path / "results.json"
-    run("bench", "--limit", "2", "--methods", "ar,chain,ddtree,dartree-fixed,dartree", "--budgets", "8",
-        "--widths", "4", "--max-new-tokens", "6", "--drafter", "random", "--no-progress", "--out", str(out_file))
+    out = run("bench", "--limit", "2", "--spread", "--methods", "ar,chain,ddtree,dartree-fixed,dartree", "--budgets",
+              "8", "--widths", "4", "--max-new-tokens", "6", "--drafter", "random", "--no-progress", "--out", str(out_file))
     results = json.loads(out_file.read_text())
     methods = [r["method"] for r in results["rows"]]
     assert methods == ["ar", "chain", "ddtree", "dartree-fixed", "dartree"]
     for row in results["rows"]:
         assert ROW_KEYS <= set(row)
         assert row["n_prompts"] == 2 and row["identical_to_ar"] == 2
+        # --spread takes the dev file's first and last prompts: two sources, one prompt each
+        per = row["by_source"]
+        assert sorted(per) == ["gsm8k-test", "self-instruct-user-oriented"]
+        assert all(v["n_prompts"] == 1 and v["tau"] >= 1.0 for v in per.values())
     assert results["rows"][0]["speedup_vs_ar"] == 1.0
+    assert all(v["tau"] == 1.0 and v["speedup_vs_ar"] == 1.0 for v in results["rows"][0]["by_source"].values())
+    assert "tau by prompt source" in out.stdout
     assert "machine" in results
 
 

@@ -190,3 +190,25 @@ def test_best_configs_pick_each_methods_fastest_row_and_keep_auto_apart():
     assert best_configs(rows) == [BenchConfig("ar", None, None), BenchConfig("chain", None, None),
                                   BenchConfig("ddtree", None, 16), BenchConfig("dartree-fixed", None, 16),
                                   BenchConfig("dartree", 4, 16), BenchConfig("dartree", 8, "auto")]
+
+
+def test_bench_best_of_takes_extra_configs_into_the_same_run(tmp_path):
+    """`bench --best-of SWEEP --configs ...`: the sweep's best per method, then the extra ones (no repeats)."""
+    import json
+    from types import SimpleNamespace
+
+    from dartree.cli import _grid
+
+    rows = [{"method": "ar", "width": None, "budget": None, "predicted_tokens_per_second": 10.0},
+            {"method": "ddtree", "width": None, "budget": 8, "predicted_tokens_per_second": 12.0},
+            {"method": "dartree", "width": 4, "budget": 8, "predicted_tokens_per_second": 13.0}]
+    sweep_file = tmp_path / "sweep.json"
+    sweep_file.write_text(json.dumps({"rows": rows}))
+    models = SimpleNamespace(target=SimpleNamespace(vocab_size=100, device=torch.device("cpu")),
+                             drafter=SimpleNamespace(max_depth=7))
+    args = SimpleNamespace(best_of=str(sweep_file), configs="ddtree:B=32,dartree:W=4:B=8,dartree:W=12:B=32",
+                           methods="", widths=None, budgets=None, depth=None, candidates=64, temperature=0.0,
+                           top_p=1.0, seed=0, max_new_tokens=16)
+    configs, _ = _grid(args, models)
+    assert configs == [BenchConfig("ar", None, None), BenchConfig("ddtree", None, 8), BenchConfig("dartree", 4, 8),
+                       BenchConfig("ddtree", None, 32), BenchConfig("dartree", 12, 32)]
