@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--calibrate-out", default=None,
                     help="also calibrate --budget auto on train prompts and write the policy here (then replay B=auto)")
     sw.add_argument("--calibrate-prompts", type=int, default=12,
-                    help="train prompts for the calibration, taken from the end of the train file (never dev)")
+                    help="train prompts for the calibration: the first ones of the train file, which the trainer "
+                         "holds out (its 64 lowest prompt indices are never trained on; never dev)")
     sw.add_argument("--out", default=None, help="results JSON path")
     sw.add_argument("--plot", default=None, help="HTML plot path")
     sw.add_argument("--card", default=None, help="a drafter's TRAINING.md: write its tree-τ section from this sweep")
@@ -247,7 +248,9 @@ def cmd_sweep(args) -> int:
     prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
     calibration_prompts = None
     if args.calibrate_out:
-        calibration_prompts = read_prompt_file(TRAIN_PROMPTS)[-args.calibrate_prompts:]
+        # the trainer's held-out slice (dartree.train.trainer.split_heldout): these are never trained on,
+        # whatever share of the train file data generation has reached
+        calibration_prompts = read_prompt_file(TRAIN_PROMPTS, args.calibrate_prompts)
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter, args.device, args.dtype)
     if models.drafter is None:
