@@ -210,8 +210,7 @@ def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 9
     dev = target.device
     feature_layers = tuple(drafter.cfg.target_layer_ids) if drafter is not None else ()
     cache = DynamicCache()
-    out = target.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None], cache,
-                         feature_layers=feature_layers, logit_rows=slice(-1, None))
+    out = target.prefill(ids, cache, feature_layers)
     prefix = len(ids)
     from .verify import verify_tree
 
@@ -309,8 +308,7 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     dev = target.device
     from transformers import DynamicCache
 
-    out = target.forward(torch.tensor([ids], device=dev), torch.arange(len(ids), device=dev)[None], DynamicCache(),
-                         feature_layers=tuple(drafter.cfg.target_layer_ids), logit_rows=slice(-1, None))
+    out = target.prefill(ids, DynamicCache(), tuple(drafter.cfg.target_layer_ids))
     context = DrafterContext(drafter)
     context.append(out.features, torch.arange(len(ids), device=dev))
     depth = drafter.max_depth

@@ -242,10 +242,8 @@ class Decoder:
     @torch.inference_mode()
     def prefill(self) -> PrefillRecord:
         t0 = _now(self.device)
-        ids = torch.tensor([self.prompt_ids], device=self.device)
         positions = torch.arange(len(self.prompt_ids), device=self.device)
-        out = self.target.forward(ids, positions[None], self.cache, feature_layers=self.feature_layers,
-                                  logit_rows=slice(-1, None))
+        out = self.target.prefill(self.prompt_ids, self.cache, self.feature_layers)
         first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
         if self.context is not None:
             self.context.append(out.features, positions)

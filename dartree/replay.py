@@ -57,8 +57,7 @@ def make_continuation(target, drafter, prompt_ids: list[int], output_ids: list[i
     seq = prompt_ids + output_ids
     dev = target.device
     layers = tuple(drafter.cfg.target_layer_ids)
-    out = target.forward(torch.tensor([seq], device=dev), torch.arange(len(seq), device=dev)[None],
-                         DynamicCache(), feature_layers=layers, logit_rows=slice(-1, None))
+    out = target.prefill(seq, DynamicCache(), layers)
     context = DrafterContext(drafter)
     context.append(out.features, torch.arange(len(seq), device=dev))
     return Continuation(list(prompt_ids), list(output_ids), context)

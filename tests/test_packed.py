@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dartree.models.packed import MAX_ROWS, PackedWeights, packed_linear, packing_available, use_packed_linears
+from dartree.models.packed import (MAX_ROWS, PackedWeights, packed_linear, packing_available, unpacked,
+                                  use_packed_linears)
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no MKL packed GEMM")
 
@@ -81,3 +82,37 @@ def test_use_packed_linears_routes_a_model_and_keeps_its_output():
         out = model(x)
     assert len(packs) == 2
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_unpacked_packs_nothing_and_restores_on_exit():
+    lin = make_linear()
+    packs = PackedWeights()
+    x = torch.randn(9, 32)
+    with unpacked():
+        with unpacked():
+            pass
+        for _ in range(3):  # still off after the nested block ended
+            out = packed_linear(lin, x, packs)
+    assert len(packs) == 0
+    torch.testing.assert_close(out, F.linear(x, lin.weight), rtol=0, atol=0)
+    for _ in range(2):
+        packed_linear(lin, x, packs)
+    assert len(packs) == 1
+
+
+def test_a_prompt_prefilled_twice_leaves_no_pack_for_its_length():
+    """An interleaved bench prefills each prompt once per configuration: the prompt's row count must not
+    be packed (it would evict the verify widths' packs), while repeated verify widths still are."""
+    from dartree.engine import DecodeSettings, generate
+    from tests.tiny import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    drafter = tiny_drafter(target)
+    packs = use_packed_linears(target.model)
+    use_packed_linears(drafter, packs, skip=("embed_proj",))
+    target.packed_weights = packs
+    prompt = list(range(3, 3 + 23))
+    for _ in range(2):
+        generate(target, drafter, prompt, DecodeSettings(method="dartree", width=2, budget=5, max_new_tokens=12))
+    rows = {key[-1] for key in packs._packs}
+    assert 23 not in rows and 6 in rows  # the prompt's 23 rows never; B + 1 = 6 verify rows yes

@@ -282,7 +282,7 @@ def test_stop_at_ends_early_on_the_full_schedule(target, generated):
 
 
 def test_resumed_legs_are_recorded_and_rendered_in_the_card(target, generated, tmp_path):
-    from dartree.train.evaluate import history_section, read_card_sections, replace_card_section
+    from dartree.train.evaluate import KEPT_CARD_SECTIONS, history_section, read_card_sections, replace_card_section
 
     store = store_of(generated)
     train_ids, held = split_heldout(store, 0)
@@ -304,9 +304,10 @@ def test_resumed_legs_are_recorded_and_rendered_in_the_card(target, generated, t
     assert any("| 2-5 | 9 |" in row and "1,234" in row for row in body)
     # a retrain keeps the card's recipe measurements but rewrites the rest
     card = tmp_path / "TRAINING.md"
-    card.write_text("# card\n\n## Measured choices\n\n| init | τ |\n\n## Configuration\n\n{}\n")
-    kept = read_card_sections(card, ("Measured choices", "Absent"))
-    assert kept == {"Measured choices": ["| init | τ |"]}
+    card.write_text("# card\n\n## Measured choices\n\n| init | τ |\n\n## Compute budget\n\n| stage | min |\n\n"
+                    "## Configuration\n\n{}\n")
+    kept = read_card_sections(card, KEPT_CARD_SECTIONS + ("Absent",))
+    assert kept == {"Measured choices": ["| init | τ |"], "Compute budget": ["| stage | min |"]}
     card.write_text("# new card\n\n## Configuration\n\n{}\n")
     replace_card_section(card, "Measured choices", kept["Measured choices"])
     assert card.read_text().index("## Measured choices") < card.read_text().index("## Configuration")

@@ -25,12 +25,32 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
 DEFAULT_BUDGET_BYTES = 3 << 30
 MIN_ROWS, MAX_ROWS = 2, 256
+_one_off = threading.local()
+
+
+@contextmanager
+def unpacked():
+    """Run the enclosed linears (this thread only) on plain `F.linear`, packing nothing.
+
+    For forwards whose row count is a one-off: a prompt's prefill. Packing the target for it costs
+    ~0.3 s and its pack takes LRU room from the verify widths that every round reuses. An interleaved
+    `bench` prefills each prompt once per configuration, so each prompt length used to be packed on its
+    second visit and to evict the hot packs, which the next rounds then re-packed mid-decode (a 6-prompt
+    bench made packs for 4 prompt lengths besides its 5 verify widths).
+    """
+    previous = getattr(_one_off, "active", False)
+    _one_off.active = True
+    try:
+        yield
+    finally:
+        _one_off.active = previous
 
 
 def packing_available() -> bool:
@@ -91,7 +111,7 @@ class PackedWeights:
 def packed_linear(linear: torch.nn.Linear, x: torch.Tensor, packs: PackedWeights) -> torch.Tensor:
     """`linear(x)` through a packed weight when x has MIN_ROWS..MAX_ROWS rows and needs no gradient."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if (not MIN_ROWS <= rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu"
+    if (not MIN_ROWS <= rows <= MAX_ROWS or getattr(_one_off, "active", False) or x.dtype != torch.float32 or x.device.type != "cpu"
             or (torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad))):
         return F.linear(x, linear.weight, linear.bias)
     pack = packs.get(linear, rows)

@@ -250,6 +250,16 @@ class Target:
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([int(token_id)])
 
+    def prefill(self, token_ids: list[int], cache, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+        """The prompt's pass: positions 0..n-1, logits of the last row only, and no weight packing
+        (`models.packed.unpacked`: a prompt length is a one-off row count, not worth a pack)."""
+        from .packed import unpacked
+
+        ids = torch.tensor([list(token_ids)], device=self.device)
+        with unpacked():
+            return self.forward(ids, torch.arange(len(token_ids), device=self.device)[None], cache,
+                                feature_layers=feature_layers, logit_rows=slice(-1, None))
+
     @torch.inference_mode()
     def forward(
         self,

@@ -200,7 +200,9 @@ def svg_line_chart(series: dict, x_label: str, y_label: str, title: str, width: 
 
 # Sections a retrain carries over from the old card: measurements about the recipe, not this checkpoint.
 # ("Tree τ on dev prompts" is not kept: it belongs to the old weights, and `sweep --card` rewrites it.)
-KEPT_CARD_SECTIONS = ("Measured choices",)
+# "Compute budget" covers the whole recipe: data generation and feature passes run in other processes,
+# so the trainer cannot write it alone.
+KEPT_CARD_SECTIONS = ("Measured choices", "Compute budget")
 
 
 def _section_span(lines: list[str], title: str) -> tuple[int, int] | None:
