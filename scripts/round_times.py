@@ -3,27 +3,51 @@
 
     REPS=3 .venv/bin/python scripts/round_times.py
 """
-import sys, statistics, json, os, torch
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from dartree.models.loading import load_models
-from dartree.engine import DecodeSettings, generate
-torch.set_grad_enabled(False)
-m = load_models("smollm2-135m", "default")
-t, d = m.target, m.drafter
-rows = [json.loads(l) for l in open(str(__import__("pathlib").Path(__file__).resolve().parents[2] / "shared/data/dev_prompts.jsonl"))][:40:8]
-prompts = [t.chat_ids(r["prompt"]) for r in rows]
-cfgs = {"ar": DecodeSettings(method="ar", max_new_tokens=96),
-        "w4b8": DecodeSettings(method="dartree", width=4, budget=8, max_new_tokens=96)}
-agg = {k: {"draft": 0, "tree": 0, "verify": 0, "commit": 0, "rounds": 0, "tokens": 0} for k in cfgs}
-for rep in range(int(os.environ.get("REPS", 2))):
-    for p in prompts:
-        for k, s in cfgs.items():
-            g = generate(t, d if k != "ar" else None, p, s)
-            if rep == 0: continue  # warm-up
-            for kk, v in g.stage_seconds.items(): agg[k][kk] += v
-            agg[k]["rounds"] += g.rounds; agg[k]["tokens"] += g.new_tokens
-ar = agg["ar"]; t_ar = sum(ar[x] for x in ("draft", "tree", "verify", "commit")) / ar["rounds"]
-for k, a in agg.items():
-    R = a["rounds"]
-    print(k, "tau %.2f" % (a["tokens"] / R), " ".join("%s %.1fms(%.2f)" % (x, 1e3 * a[x] / R, a[x] / R / t_ar) for x in ("draft", "tree", "verify", "commit")),
-          "round %.1fms speedup %.2f" % (1e3 * sum(a[x] for x in ("draft", "tree", "verify", "commit")) / R, (a["tokens"] / sum(a[x] for x in ("draft", "tree", "verify", "commit"))) / (ar["tokens"] / (t_ar * ar["rounds"]))))
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dartree.engine import DecodeSettings, generate  # noqa: E402
+from dartree.models.loading import load_models  # noqa: E402
+from dartree.trace import STAGE_KEYS  # noqa: E402
+
+CONFIGS = {"ar": DecodeSettings(method="ar", max_new_tokens=96),
+           "dartree W=4 B=8": DecodeSettings(method="dartree", width=4, budget=8, max_new_tokens=96)}
+
+
+def main() -> None:
+    torch.set_grad_enabled(False)
+    models = load_models("smollm2-135m", "default")
+    target, drafter = models.target, models.drafter
+    rows = [json.loads(line) for line in open(REPO.parent / "shared" / "data" / "dev_prompts.jsonl")][:40:8]
+    prompts = [target.chat_ids(row["prompt"]) for row in rows]
+    totals = {name: dict.fromkeys(STAGE_KEYS + ("rounds", "tokens"), 0.0) for name in CONFIGS}
+    for rep in range(int(os.environ.get("REPS", 2))):
+        for ids in prompts:
+            for name, settings in CONFIGS.items():
+                result = generate(target, drafter if settings.method != "ar" else None, ids, settings)
+                if rep == 0:
+                    continue  # warm-up
+                for stage in STAGE_KEYS:
+                    totals[name][stage] += result.stage_seconds[stage]
+                totals[name]["rounds"] += result.rounds
+                totals[name]["tokens"] += result.new_tokens
+    round_seconds = {name: sum(t[s] for s in STAGE_KEYS) / t["rounds"] for name, t in totals.items()}
+    t_ar = round_seconds["ar"]
+    ar_rate = totals["ar"]["tokens"] / (t_ar * totals["ar"]["rounds"])
+    for name, t in totals.items():
+        stages = " ".join(f"{s} {1e3 * t[s] / t['rounds']:.1f} ms ({t[s] / t['rounds'] / t_ar:.2f})" for s in STAGE_KEYS)
+        rate = t["tokens"] / (round_seconds[name] * t["rounds"])
+        print(f"{name}: tau {t['tokens'] / t['rounds']:.2f} | {stages} | round {1e3 * round_seconds[name]:.1f} ms"
+              f" ({round_seconds[name] / t_ar:.2f} t_AR) | speedup {rate / ar_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()

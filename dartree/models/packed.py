@@ -111,7 +111,8 @@ class PackedWeights:
 def packed_linear(linear: torch.nn.Linear, x: torch.Tensor, packs: PackedWeights) -> torch.Tensor:
     """`linear(x)` through a packed weight when x has MIN_ROWS..MAX_ROWS rows and needs no gradient."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if (not MIN_ROWS <= rows <= MAX_ROWS or getattr(_one_off, "active", False) or x.dtype != torch.float32 or x.device.type != "cpu"
+    if (not MIN_ROWS <= rows <= MAX_ROWS or getattr(_one_off, "active", False)
+            or x.dtype != torch.float32 or x.device.type != "cpu"
             or (torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad))):
         return F.linear(x, linear.weight, linear.bias)
     pack = packs.get(linear, rows)

