@@ -104,6 +104,9 @@ def machine_info(device) -> dict:
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "device": str(device)}
+    if device.type == "cpu":
+        from .models.rows_kernel import rows_kernel_status
+        info["cpu_linears"] = f"row-streaming kernel: {rows_kernel_status()}"
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

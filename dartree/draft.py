@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .models.rows_kernel import cached_panels, gru_cell
 from .tree import Draft
 
 
@@ -93,6 +94,11 @@ class PathCorrector:
             self._column_weight = drafter.embed_proj[2].weight[block.cand_columns].transpose(1, 2)  # [D, emb, C]
             gru = drafter.prefix_gru
             self._gru_weights = (gru.weight_ih_l0, gru.weight_hh_l0)
+            self._gru_panels = None
+            if getattr(target, "rows_kernel", False) and gru.weight_ih_l0.dtype == torch.float32 \
+                    and gru.weight_ih_l0.device.type == "cpu":
+                self._gru_panels = (cached_panels(drafter, "_gru_ih_panels", gru.weight_ih_l0),
+                                    cached_panels(drafter, "_gru_hh_panels", gru.weight_hh_l0))
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.target.embed(tokens).to(self.dtype)
@@ -114,4 +120,7 @@ class PathCorrector:
         if not self.active:
             return states
         w_ih, w_hh = self._gru_weights
-        return torch.gru_cell(self._embed(tokens).to(w_ih.dtype), states.to(w_ih.dtype), w_ih, w_hh)
+        x, h = self._embed(tokens).to(w_ih.dtype), states.to(w_ih.dtype)
+        if self._gru_panels is not None:
+            return gru_cell(x, h, *self._gru_panels)
+        return torch.gru_cell(x, h, w_ih, w_hh)

@@ -388,8 +388,8 @@ class DominoDrafter(nn.Module):
 
     def base_logits(self, z: torch.Tensor, target) -> torch.Tensor:
         """Base logits over the drafter's columns: the target's frozen LM head, restricted to the draft
-        vocabulary when there is one (a row slice copied once per target, so MKL packing applies).
-        In training (autocast) the result keeps autocast's dtype; callers cast to fp32 for losses."""
+        vocabulary when there is one (a row slice copied once per target, so the CPU kernel or MKL packing
+        applies). In training (autocast) the result keeps autocast's dtype; callers cast to fp32 for losses."""
         if self.draft_vocab is None:
             return target.lm_head(z)
         head = self._draft_head(target)
@@ -410,7 +410,10 @@ class DominoDrafter(nn.Module):
                 head.weight.copy_(full.detach()[self.draft_vocab.to(full.device)])
             head.weight.requires_grad_(False)
             packs = getattr(target, "packed_weights", None)
-            if packs is not None:
+            if getattr(target, "rows_kernel", False):
+                from .rows_kernel import use_rows_kernel
+                use_rows_kernel(head)
+            elif packs is not None:
                 from .packed import use_packed_linears
                 use_packed_linears(head, packs)
             # a plain attribute, not a submodule: it is derived from the target, never saved or trained

@@ -189,7 +189,10 @@ class Target:
     # CPU LM-head GEMM as (W @ h.T).T for 2..64 rows. Off: measured here it was mixed (faster at 8 rows,
     # 2x slower at 2, equal at 16-64; `bench --cost-curve`, "lm_head_seconds"), so it is not the default.
     transposed_head: bool = False
-    # The LRU of MKL-packed weights shared by this target and its drafter (models.packed); None: off.
+    # CPU fp32 linears of this target and its drafter run the row-streaming kernel (models.rows_kernel):
+    # set by load_models where the kernel builds. Plain decoding and tree verify then agree bit for bit.
+    rows_kernel: bool = False
+    # Else: the LRU of MKL-packed weights shared by this target and its drafter (models.packed); None: off.
     packed_weights: object = None
 
     @property

@@ -1,0 +1,198 @@
+"""The row-streaming fp32 linear (`rows_linear.c`): built once per machine, loaded with ctypes.
+
+Plain decoding and tree verification on CPU both go through it, so every row of a verify gets bit for
+bit what plain decoding gets for it one row at a time (the C file says why this holds), while the weights
+are read from memory once per pass whatever the row count. The kernel needs AVX-512F and a C compiler
+(gcc, present wherever Python packages compile); where either is missing, or `DARTREE_ROWS_KERNEL=0`,
+`rows_kernel_available()` is False and `models.loading` keeps the MKL-packed path (`models.packed`).
+
+No torch headers or ninja are involved: one C file, one `gcc` call (~1 s), cached under
+`$DARTREE_CACHE/kernels` by a hash of the source, the flags and the compiler version.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("rows_linear.c")
+FLAGS = ("-O2", "-mavx512f", "-fopenmp", "-shared", "-fPIC")
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _cpu_has_avx512f() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " avx512f" in line
+    except OSError:
+        pass
+    return False
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def _build(cc: str) -> Path:
+    from .target import cache_root
+
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    out = cache_root() / "kernels" / f"rows_linear-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # compile to a temporary name, then rename: two processes building at once never load half a file
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            tmp_out = Path(tmp) / out.name
+            proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp_out)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cc} failed to build {SOURCE.name}:\n{proc.stderr[-2000:]}")
+            os.replace(tmp_out, out)
+    return out
+
+
+def load_rows_kernel():
+    """The loaded C function, or None with the reason in `rows_kernel_status()`."""
+    with _lock:
+        if "fn" in _state:
+            return _state["fn"]
+        fn, why = None, ""
+        cc = _compiler()
+        if os.environ.get("DARTREE_ROWS_KERNEL", "1") == "0":
+            why = "switched off (DARTREE_ROWS_KERNEL=0)"
+        elif not _cpu_has_avx512f():
+            why = "this CPU has no AVX-512F"
+        elif cc is None:
+            why = "no C compiler (gcc) on PATH"
+        else:
+            try:
+                lib = ctypes.CDLL(str(_build(cc)))
+                fn = {torch.float32: lib.rows_linear_f32, torch.bfloat16: lib.rows_linear_bf16w}
+                for f in fn.values():
+                    f.restype = None
+                    f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_long, ctypes.c_long, ctypes.c_long]
+                why = "on"
+            except (OSError, RuntimeError) as exc:
+                why = f"build failed: {exc}"
+        _state["fn"], _state["why"] = fn, why
+        return fn
+
+
+def rows_kernel_available() -> bool:
+    return load_rows_kernel() is not None
+
+
+def rows_kernel_status() -> str:
+    load_rows_kernel()
+    return _state["why"]
+
+
+PANEL = 32  # output columns per panel, as `P` in rows_linear.c
+
+
+def panel_weight(weight: torch.Tensor, allow_bf16: bool = True) -> torch.Tensor:
+    """The kernel's layout of an [N, K] weight: [ceil(N / 32), K, 32], each panel contiguous, zero-padded.
+
+    A copy (the original stays for embeddings, autograd and other devices), made once per weight. When
+    every value of the weight is exactly a bf16 number (a bf16 checkpoint run in fp32, like the shipped
+    drafter), the copy is bf16: half the bytes to stream, and the same results, since the kernel widens
+    each value back to the same fp32 before multiplying.
+    """
+    n, k = weight.shape
+    w = weight.detach().float()
+    as_bf16 = w.to(torch.bfloat16)
+    exact = allow_bf16 and bool(torch.equal(as_bf16.float(), w))
+    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=torch.bfloat16 if exact else torch.float32)
+    padded[:n] = as_bf16 if exact else w
+    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+
+
+def rows_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for fp32 CPU tensors through the kernel (which must be available).
+
+    `panels` is `panel_weight(weight)` and `n` the weight's row count; x may have any leading shape.
+    """
+    fn = load_rows_kernel()[panels.dtype]
+    k = panels.shape[1]
+    flat = x.reshape(-1, k)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    m = flat.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    if m:
+        fn(flat.data_ptr(), flat.stride(0), panels.data_ptr(), bias.data_ptr() if bias is not None else None,
+           out.data_ptr(), m, k, n)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def cached_panels(owner, name: str, weight: torch.Tensor) -> torch.Tensor:
+    """`panel_weight(weight)`, kept on `owner` under `name`; rebuilt if the weight was replaced or changed."""
+    key = (weight.data_ptr(), weight._version)
+    cached = owner.__dict__.get(name)
+    if cached is None or cached[0] != key:
+        with torch.inference_mode(False), torch.no_grad():
+            cached = (key, panel_weight(weight))
+        owner.__dict__[name] = cached  # a plain attribute: never saved, moved or trained
+    return cached[1]
+
+
+def _panels_of(linear: torch.nn.Linear) -> torch.Tensor:
+    return cached_panels(linear, "_rows_panels", linear.weight)
+
+
+def gru_cell(x: torch.Tensor, h: torch.Tensor, ih_panels: torch.Tensor, hh_panels: torch.Tensor) -> torch.Tensor:
+    """`torch.gru_cell(x, h, w_ih, w_hh)` (no biases) with its two products through the kernel.
+
+    The drafter's path corrector advances W states per depth with it: its weights (~2.6 MB in fp32, 1.3 MB
+    as the bf16 panels of the shipped drafter) then stay in a core's L2 across depths.
+    """
+    gates = 3 * h.shape[-1]
+    i_r, i_z, i_n = rows_linear(x, ih_panels, gates).chunk(3, dim=-1)
+    h_r, h_z, h_n = rows_linear(h, hh_panels, gates).chunk(3, dim=-1)
+    r = torch.sigmoid(i_r + h_r)
+    z = torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return n + z * (h - n)
+
+
+def _kernel_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`linear(x)`, through the kernel whenever the call is fp32 on CPU and needs no gradient."""
+    w, bias = linear.weight, linear.bias
+    if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or w.device.type != "cpu"
+            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()))
+            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+        return torch.nn.functional.linear(x, w, bias)
+    return rows_linear(x, _panels_of(linear), w.shape[0], bias)
+
+
+def use_rows_kernel(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> bool:
+    """Route every CPU fp32 `nn.Linear` of `model` (but those named under `skip`) through the kernel.
+
+    Per module instance, like `packed.use_packed_linears`: nothing global changes; a model on a GPU or in
+    half precision is left alone, and a call that needs a gradient (training), or whose module was later
+    moved or cast, takes `F.linear` as before. Each routed linear keeps its weight in the kernel's panel
+    layout beside the original (a second fp32 copy: ~540 MB for SmolLM2-135M). Returns False, with
+    nothing changed, where the kernel is unavailable (`rows_kernel_status()` says why).
+    """
+    if not rows_kernel_available():
+        return False
+    for name, module in model.named_modules():
+        if skip and name.startswith(skip):
+            continue
+        if (isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32
+                and module.weight.device.type == "cpu"):
+            module.forward = (lambda m: (lambda x: _kernel_linear(m, x)))(module)
+            _panels_of(module)  # now, not in the first decode
+    return True
