@@ -21,6 +21,7 @@ from dartree.errors import UserError
 from dartree.models import target as target_mod
 from dartree.models.drafter import DominoDrafter
 from dartree.models.loading import load_drafter, load_models
+from dartree.models.rows_kernel import use_rows_kernel
 from dartree.prompts import fit_to_context
 from dartree.sampling import processed_probs
 from tiny import tiny_drafter, tiny_target
@@ -398,5 +399,7 @@ def test_interrupted_conversion_is_redone_for_real(tmp_path, monkeypatch, real_m
     assert target_mod.converted_is_valid(folder)
     assert (folder / "model.safetensors").stat().st_size == (real_cache / "model.safetensors").stat().st_size
     rebuilt = target_mod.load_target(str(folder))
+    if real_models.target.rows_kernel:  # the same linear path as the loaded target, so bits can be compared
+        assert use_rows_kernel(rebuilt.model)
     ids = real_models.target.chat_ids("hi")
     assert torch.equal(teacher_forced_logits(rebuilt, ids), teacher_forced_logits(real_models.target, ids))

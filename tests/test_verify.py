@@ -74,7 +74,10 @@ def test_tree_forward_equals_sequential_on_tiny_model(attn):
 def test_tree_forward_equals_sequential_on_real_model(real_target):
     prefix = real_target.chat_ids("Name three colours.")
     tree = random_tree(10, vocab=2000, seed=2)
-    check_tree_forward(real_target, prefix, tree)
+    # 30 layers of fp32 attention over different key lengths (tree mask vs growing cache) differ in the last
+    # bits; on logits up to ~34 the gap measured 0.5-2e-4 over trees seeded 2-4, with MKL's linears as with
+    # the row kernel (whose rows are themselves bit-exact): 3e-4 is ~1e-5 of the logit range.
+    check_tree_forward(real_target, prefix, tree, atol=3e-4)
 
 
 def test_mask_shows_prefix_ancestors_and_self_only():
