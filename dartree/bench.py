@@ -23,6 +23,7 @@ from .cache import compact_cache, truncate_cache
 from .engine import DecodeSettings, generate
 from .errors import UserError
 from .draft import DrafterContext, draft_block
+from .trace import STAGE_KEYS
 from .tree import Tree
 
 
@@ -139,7 +140,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
     for cfg in configs:
         runs = per[cfg]
         tps = _tokens_per_second(runs)
-        stage = {k: sum(r.stage_seconds[k] for r in runs) for k in ("draft", "tree", "verify", "commit")}
+        stage = {k: sum(r.stage_seconds[k] for r in runs) for k in STAGE_KEYS}
         total = sum(stage.values()) or 1.0
         per_prompt = [(_tokens_per_second([r]) / _tokens_per_second([a])) if _tokens_per_second([a]) else 0.0
                       for r, a in zip(runs, ar_runs)]
@@ -187,7 +188,7 @@ def format_table(results: dict) -> str:
     head = f"{'method':<14}{'W':>4}{'B':>5}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'same':>6}  draft/tree/verify/commit"
     lines = [head, "-" * len(head)]
     for r in results["rows"]:
-        share = "/".join(f"{100 * r['stage_share'][k]:.0f}" for k in ("draft", "tree", "verify", "commit"))
+        share = "/".join(f"{100 * r['stage_share'][k]:.0f}" for k in STAGE_KEYS)
         lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{r['tau']:>7.2f}"
                      f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}"
                      f"{r['identical_to_ar']:>3}/{r['n_prompts']:<2}  {share}")

@@ -26,8 +26,8 @@ from .cache import compact_cache
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
 from .sampling import next_tokens
-from .trace import (CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord, TreeRecord,
-                    VerifyRecord)
+from .trace import (STAGE_KEYS, CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord,
+                    TreeRecord, VerifyRecord)
 from .tree import DepthwiseBuilder, Tree, ddtree_heap, fixed_quota_schedule, prune_top_b, width_schedule
 from .verify import verify_tree, walk_tree
 
@@ -211,7 +211,7 @@ class Decoder:
         self.tree: Tree | None = None
         self.verification = None
         self.walk = None
-        self.round_seconds = {k: 0.0 for k in ("draft", "tree", "verify", "commit")}
+        self.round_seconds = {k: 0.0 for k in STAGE_KEYS}
 
     @property
     def eos(self) -> tuple[int, ...]:
@@ -372,7 +372,7 @@ class Decoder:
         return self.result()
 
     def result(self) -> GenerationResult:
-        stage_seconds = {k: sum(r.seconds.get(k, 0.0) for r in self.rounds) for k in ("draft", "tree", "verify", "commit")}
+        stage_seconds = {k: sum(r.seconds.get(k, 0.0) for r in self.rounds) for k in STAGE_KEYS}
         decode = sum(stage_seconds.values())
         committed_by_rounds = sum(r.committed for r in self.rounds)
         tau = committed_by_rounds / len(self.rounds) if self.rounds else 0.0

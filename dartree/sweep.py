@@ -17,6 +17,7 @@ from .bench import AUTO_BUDGET_CAP, BenchConfig, cost_curve, machine_info, tree_
 from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
 from .replay import greedy_outputs, make_continuation, replay, sweep
+from .trace import STAGE_KEYS
 
 
 def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: DecodeSettings,
@@ -184,7 +185,7 @@ def write_bench_plot(results: dict, path) -> None:
                                                         "share of a round's time by stage"))
     fig.add_trace(go.Bar(x=labels, y=[r["speedup_vs_ar"] for r in rows], text=[f"τ {r['tau']:.2f}" for r in rows],
                          textposition="outside", name="speedup", showlegend=False), row=1, col=1)
-    for stage in ("draft", "tree", "verify", "commit"):
+    for stage in STAGE_KEYS:
         fig.add_trace(go.Bar(x=labels, y=[100 * r["stage_share"][stage] for r in rows], name=stage), row=1, col=2)
     fig.update_layout(barmode="stack", height=520, width=1200,
                       title=f"DARTree bench: {results['settings']['n_prompts']} dev prompts, "

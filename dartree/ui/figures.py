@@ -14,6 +14,8 @@ import math
 import networkx as nx
 import plotly.graph_objects as go
 
+from ..trace import STAGE_KEYS
+
 TREE_HEIGHT = 520
 SMALL_HEIGHT = 320
 MASK_HEIGHT = 480
@@ -408,7 +410,7 @@ def timeline_figure(rounds: list[dict]) -> go.Figure:
                              customdata=[r.get("committed", 0) for r in rounds],
                              hovertemplate=f"round %{{x}} {key}: %{{y:.3f}} s<br>%{{customdata}} tokens committed"
                                            "<extra></extra>"))
-    total = max(sum(r.get(k, 0.0) for k in ("draft", "tree", "verify", "commit")) for r in rounds)
+    total = max(sum(r.get(k, 0.0) for k in STAGE_KEYS) for r in rounds)
     fig.update_layout(barmode="stack", showlegend=True, legend=dict(orientation="h", y=1.02, x=1, xanchor="right",
                                                                     yanchor="bottom"))
     fig.update_xaxes(range=[-0.6, max(len(rounds), 8) - 0.4], title="round", dtick=1, fixedrange=True)
