@@ -409,13 +409,8 @@ class DominoDrafter(nn.Module):
                                  dtype=full.dtype)
                 head.weight.copy_(full.detach()[self.draft_vocab.to(full.device)])
             head.weight.requires_grad_(False)
-            packs = getattr(target, "packed_weights", None)
-            if getattr(target, "rows_kernel", False):
-                from .rows_kernel import use_rows_kernel
-                use_rows_kernel(head)
-            elif packs is not None:
-                from .packed import use_packed_linears
-                use_packed_linears(head, packs)
+            from .rows_kernel import route_like_target
+            route_like_target(head, target)
             # a plain attribute, not a submodule: it is derived from the target, never saved or trained
             object.__setattr__(self, "_head_cache", (key, head))
         return self._head_cache[1]

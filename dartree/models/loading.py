@@ -19,7 +19,7 @@ import torch
 from ..errors import UserError
 from .drafter import DominoDrafter, build_target_layer_ids, make_config
 from .packed import use_packed_linears
-from .rows_kernel import use_rows_kernel
+from .rows_kernel import route_like_target, use_rows_kernel
 from .target import EMBEDDED_NAME, Target, load_target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: s
             tgt.packed_weights = None if tgt.rows_kernel else use_packed_linears(tgt.model)
         _LOADED[tgt_key] = tgt
         model, description = load_drafter(drafter, tgt)
-        if model is not None and not (tgt.rows_kernel and use_rows_kernel(model, skip=("embed_proj",))):
-            use_packed_linears(model, tgt.packed_weights, skip=("embed_proj",))
+        if model is not None:
+            route_like_target(model, tgt, skip=("embed_proj",))
         _LOADED[key] = Models(tgt, model, drafter, description)
     return _LOADED[key]

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .packed import use_packed_linears
+
 SOURCE = Path(__file__).with_name("rows_linear.c")
 FLAGS = ("-O2", "-mavx512f", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
@@ -63,7 +65,9 @@ def _build(cc: str) -> Path:
 
 
 def load_rows_kernel():
-    """The loaded C function, or None with the reason in `rows_kernel_status()`."""
+    """The loaded C functions by weight dtype, or None with the reason in `rows_kernel_status()`."""
+    if "fn" in _state:  # every linear call asks: no lock once loaded
+        return _state["fn"]
     with _lock:
         if "fn" in _state:
             return _state["fn"]
@@ -196,3 +200,12 @@ def use_rows_kernel(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> bool:
             module.forward = (lambda m: (lambda x: _kernel_linear(m, x)))(module)
             _panels_of(module)  # now, not in the first decode
     return True
+
+
+def route_like_target(module: torch.nn.Module, target, skip: tuple[str, ...] = ()) -> None:
+    """Give `module` (a drafter, or its draft head) the CPU linear path `load_models` chose for `target`:
+    the kernel, MKL packs sharing the target's LRU, or neither."""
+    if getattr(target, "rows_kernel", False):
+        use_rows_kernel(module, skip)
+    elif getattr(target, "packed_weights", None) is not None:
+        use_packed_linears(module, target.packed_weights, skip)
