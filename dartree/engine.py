@@ -36,6 +36,7 @@ MAX_BUDGET = 1024
 MAX_CANDIDATES = 512
 MAX_NEW_TOKENS = 8192
 MAX_TEMPERATURE = 2.0
+MIN_DEPTH_BONUS = -1.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class DecodeSettings:
     seed: int = 0
     max_new_tokens: int = 128
     auto_budget: bool = False  # dartree: choose each round's budget (at most `budget`), see dartree.budget
+    depth_bonus: float = 0.0  # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0)
 
     def validated(self, max_depth: int | None, vocab_size: int) -> "DecodeSettings":
         if self.method not in METHODS:
@@ -66,6 +68,8 @@ class DecodeSettings:
             (0.0 <= self.temperature <= MAX_TEMPERATURE,
              f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
+            (MIN_DEPTH_BONUS <= self.depth_bonus <= 0.0,
+             f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {self.depth_bonus}"),
             (not self.auto_budget or self.method == "dartree",
              f"an automatic budget applies to 'dartree' only, not {self.method!r}"),
             (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
