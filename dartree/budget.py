@@ -28,7 +28,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from scipy.optimize import isotonic_regression
 
 from .errors import UserError
 
@@ -37,19 +39,19 @@ SHIPPED_POLICY = REPO_ROOT / "assets" / "benchmarks" / "auto-budget.json"
 
 
 def monotone_rates(hits: list[float], counts: list[float]) -> list[float]:
-    """Pool-adjacent-violators: bin rates made non-decreasing in score, weighted by bin counts."""
-    blocks = []  # [rate, weight, n_bins]
-    for h, c in zip(hits, counts):
-        blocks.append([h / c if c else 0.0, float(c), 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            r2, w2, n2 = blocks.pop()
-            r1, w1, n1 = blocks.pop()
-            w = w1 + w2
-            blocks.append([(r1 * w1 + r2 * w2) / w if w else 0.0, w, n1 + n2])
-    rates = []
-    for r, _, n in blocks:
-        rates += [r] * n
-    return rates
+    """Bin rates hits/counts made non-decreasing in score: SciPy's weighted isotonic regression
+    (pool-adjacent-violators) over the bins that saw samples, weights = their counts.
+
+    SciPy needs positive weights, so an empty bin takes the rate of the nearest non-empty bin below it
+    (0 below the first): that is where pooling would put it, since it carries no weight of its own.
+    """
+    hits_a, counts_a = np.asarray(hits, dtype=float), np.asarray(counts, dtype=float)
+    seen = counts_a > 0
+    fitted = np.zeros_like(counts_a)
+    if seen.any():
+        fitted[seen] = isotonic_regression(hits_a[seen] / counts_a[seen], weights=counts_a[seen]).x
+    last_seen = np.maximum.accumulate(np.where(seen, np.arange(len(counts_a)), -1))
+    return np.where(last_seen >= 0, fitted[np.maximum(last_seen, 0)], 0.0).tolist()
 
 
 DEFAULT_EDGES = (-16.0, -12.0, -10.0, -8.0, -7.0, -6.0, -5.0, -4.0, -3.5, -3.0, -2.5, -2.0, -1.5, -1.0, -0.5)

@@ -104,15 +104,17 @@ def test_sweep_replays_every_config_and_writes_json_plot_and_policy(tmp_path):
     assert saved["drafter"] == "random" and len(saved["rates"]) == len(saved["edges"]) + 1
 
 
-def test_generate_default_budget_falls_back_to_fixed_b_for_an_uncalibrated_drafter(monkeypatch):
+def test_generate_default_budget_falls_back_to_fixed_b_for_an_uncalibrated_drafter(monkeypatch, capsys):
     """A device default with the auto budget (calibrated for the shipped drafter only) gives another drafter
-    its fixed B instead of an error; `generate` reads the same `shape_for`."""
+    its fixed B instead of an error; `generate` reads the same `shape_for`. The CLI runs in this process, so
+    the patched default reaches it."""
+    from dartree.cli import main
     from dartree.defaults import CPU_DEFAULTS, shape_for
     from dartree.models.loading import load_models
 
     monkeypatch.setitem(CPU_DEFAULTS, "auto_budget", True)
     assert shape_for(load_models("smollm2-135m", "default"))["auto_budget"] is True
     assert shape_for(load_models("smollm2-135m", "random"))["auto_budget"] is False
-    out = run("generate", "--prompt", "Say hello.", "--json", "--max-new-tokens", "4", "--drafter", "random")
-    line = json.loads(out.stdout.splitlines()[0])
+    assert main(["generate", "--prompt", "Say hello.", "--json", "--max-new-tokens", "4", "--drafter", "random"]) == 0
+    line = json.loads(capsys.readouterr().out.splitlines()[0])
     assert line["new_tokens"] == len(line["token_ids"]) <= 4

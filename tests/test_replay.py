@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dartree.bench import BenchConfig, parse_configs
-from dartree.budget import AutoBudget, calibrate, monotone_rates
+from dartree.budget import AutoBudget, calibrate
 from dartree.draft import PathCorrector
 from dartree.engine import DecodeSettings, Decoder, generate
 from dartree.errors import UserError
@@ -102,11 +102,6 @@ def test_supertree_of_width_b_pruned_to_b_equals_the_sequential_heap(models, bud
     heap = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), budget, 4)
     as_set = lambda t: sorted(path_tokens(t, i) for i in range(1, t.num_nodes + 1))  # noqa: E731
     assert as_set(pruned) == as_set(heap)
-
-
-def test_monotone_rates_pool_violators():
-    assert monotone_rates([1, 0, 3], [2, 2, 4]) == [0.25, 0.25, 0.75]
-    assert monotone_rates([0, 1, 1], [1, 2, 1]) == [0.0, 0.5, 1.0]  # already monotone: unchanged
 
 
 def test_calibration_counts_on_path_nodes_per_score_bin():

@@ -13,6 +13,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from dartree import TREE_METHODS
 from dartree.engine import DecodeSettings, generate
 from dartree.sampling import processed_probs
 from tiny import tiny_drafter, tiny_target
@@ -64,9 +65,14 @@ def sample_counts(target, drafter, settings, runs):
     return counts
 
 
-def test_first_tokens_follow_the_target_distribution(models):
+# dartree in the inner loop; every other tree method in the full run (each takes ~15 s)
+EVERY_TREE_METHOD = [m if m == "dartree" else pytest.param(m, marks=pytest.mark.slow) for m in TREE_METHODS]
+
+
+@pytest.mark.parametrize("method", EVERY_TREE_METHOD)
+def test_first_tokens_follow_the_target_distribution(models, method):
     target, drafter = models
-    settings = DecodeSettings(method="dartree", width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
+    settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
                               max_new_tokens=3)
     counts = sample_counts(target, drafter, settings, runs=RUNS)
     joint = exact_joint(target, 0.8, 0.9)
@@ -83,6 +89,19 @@ def test_the_check_rejects_a_different_distribution(models):
     counts = sample_counts(target, drafter, settings, runs=RUNS)
     joint = exact_joint(target, 0.8, 0.9)
     assert pooled_chisquare(counts.sum(2).ravel(), joint.sum(2).ravel()) < ALPHA
+
+
+@pytest.mark.parametrize("method", ("ar",) + TREE_METHODS)
+def test_a_seeded_run_is_a_prefix_of_a_longer_one(models, method):
+    """The walk's random draws do not depend on max_new_tokens: n tokens are the start of n + k tokens."""
+    target, drafter = models
+    for seed in range(12):
+        settings = DecodeSettings(method=method, width=3, budget=10, candidates=8, temperature=0.9, top_p=0.95,
+                                  seed=seed, max_new_tokens=20)
+        longer = generate(target, drafter, PROMPT, settings).token_ids
+        for n in (1, 4, 7):
+            shorter = generate(target, drafter, PROMPT, dataclasses.replace(settings, max_new_tokens=n)).token_ids
+            assert shorter == longer[:n], (seed, n)
 
 
 def test_top_p_keeps_the_smallest_nucleus():
