@@ -14,6 +14,7 @@ import gradio as gr
 
 from ..engine import MIN_DEPTH_BONUS
 from ..errors import UserError
+from ..models.loading import load_models
 from . import figures
 from .compare import race, sweep, sweep_outputs
 from .panels import OUTPUTS, full_render
@@ -84,10 +85,7 @@ def _check(kind: str, have, want) -> None:
 # ---------------------------------------------------------------------------------------- layout
 def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
     """The Blocks app. `models` default to `load_models()`; `initial` to the canonical first round."""
-    if models is None:
-        from ..models.loading import load_models  # loads the weights: only when no models are given
-
-        models = load_models()
+    models = load_models() if models is None else models
     initial = initial or canonical_session(models)
     first = full_render(initial)
     c0 = initial.controls
@@ -126,9 +124,9 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                                                                label="Max new tokens")
                     with gr.Accordion("Advanced settings", open=False):
                         controls["depth_bonus"] = gr.Slider(
-                            MIN_DEPTH_BONUS, 0.0, value=c0.depth_bonus, step=0.05, elem_id="depth-bonus",
-                            label="Depth bonus: the top-B cut ranks nodes by path score + bonus × depth "
-                                  "(below 0 favours shallow nodes)")
+                            MIN_DEPTH_BONUS, 0.0, value=c0.depth_bonus, step=0.05, label="Depth bonus",
+                            info="The top-B cut ranks nodes by path score + bonus × depth: below 0 favours "
+                                 "shallow nodes", elem_id="depth-bonus")
                     buttons = {}
                     with gr.Row():
                         for label, action in STAGE_BUTTONS[:3]:
