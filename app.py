@@ -6,14 +6,13 @@ own default elsewhere)."""
 import os
 import time
 
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # before Gradio is imported: it reads it at import
+import torch
 
-import torch  # noqa: E402
-
-from dartree.ui.layout import CSS, build_demo  # noqa: E402
+from dartree.ui.layout import CSS, build_demo
 
 
 def main():
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # Gradio reads it when the app starts
     threads = int(os.environ.get("DARTREE_THREADS", "0") or 0)
     if threads <= 0 and (os.cpu_count() or 1) <= 2:
         threads = 1
