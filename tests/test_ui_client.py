@@ -11,7 +11,8 @@ pytestmark = [pytest.mark.real]
 
 PROMPT = "What is the capital of France?"
 WIDTH, BUDGET, DEPTH, CANDIDATES, TOKENS = 4, 12, 7, 32, 12
-VALUES = [PROMPT, "dartree", WIDTH, BUDGET, DEPTH, CANDIDATES, 0.0, 0, TOKENS, False]  # a fixed B (auto off)
+CONTROLS = dict(prompt=PROMPT, method="dartree", width=WIDTH, budget=BUDGET, depth=DEPTH, candidates=CANDIDATES,
+                temperature=0.0, seed=0, max_new_tokens=TOKENS, auto_budget=False, depth_bonus=0.0)  # a fixed B
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +38,10 @@ def plain_tokens():
         torch.set_num_threads(before)
 
 
-def call(client, endpoint, values=VALUES):
-    status, summary = client.predict(*values, api_name=endpoint)[:2]
-    return status, summary
+def call(client, endpoint, controls=CONTROLS):
+    """A stage endpoint, the controls passed by name; returns (status, summary)."""
+    out = client.predict(api_name=endpoint, **controls)
+    return out[0], out[1]
 
 
 def test_full_round_through_the_api(server, plain_tokens):
@@ -67,7 +69,7 @@ def test_full_round_through_the_api(server, plain_tokens):
     status, s = call(client, "/run_to_end")
     assert s["finished"] in ("eos", "length") and s["output_ids"] == plain_tokens
     assert s["settings"]["budget"] == BUDGET and s["drafter"].startswith("trained on")
-    trace = client.predict("json", api_name="/trace")
+    trace = client.predict(fmt="json", api_name="/trace")
     assert open(trace).read().lstrip().startswith("{")
 
 
@@ -75,20 +77,21 @@ def test_sessions_are_separate_and_errors_are_messages(server):
     from gradio_client import Client
 
     a, b = Client(server, verbose=False), Client(server, verbose=False)
-    defaults = list(a.view_api(return_format="dict")["named_endpoints"]["/step"]["parameters"])
-    values = [p["parameter_default"] for p in defaults]
-    _, sa = call(a, "/step", values)  # both start from the canonical first round
+    parameters = a.view_api(return_format="dict")["named_endpoints"]["/step"]["parameters"]
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
+    assert set(defaults) == set(CONTROLS)  # the endpoint's parameters are the controls, by name
+    _, sa = call(a, "/step", defaults)  # both start from the canonical first round
     assert sa["round"] == 1 and sa["next_stage"] == "depth"
-    _, sa = call(a, "/step", values)
-    _, sb = call(b, "/step", values)
+    _, sa = call(a, "/step", defaults)
+    _, sb = call(b, "/step", defaults)
     assert sb["depths_built"] == 0 and sa["depths_built"] == 1
-    status, _ = call(b, "/draft", ["  "] + VALUES[1:])
+    status, _ = call(b, "/draft", dict(CONTROLS, prompt="  "))
     assert status.startswith("⚠️") and "empty" in status
-    status, _ = call(b, "/draft", ["word " * 9000] + VALUES[1:])
+    status, _ = call(b, "/draft", dict(CONTROLS, prompt="word " * 9000))
     assert status.startswith("⚠️") and "context" in status
     from gradio_client.exceptions import AppError
 
     with pytest.raises(AppError, match="minimum"):  # out-of-range sliders are refused with a message
-        call(b, "/draft", VALUES[:3] + [0] + VALUES[4:])
-    _, sb2 = call(b, "/step", values)
+        call(b, "/draft", dict(CONTROLS, budget=0))
+    _, sb2 = call(b, "/step", defaults)
     assert sb2["depths_built"] == 1  # errors left the session's decoder untouched

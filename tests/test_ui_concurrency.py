@@ -58,9 +58,10 @@ def test_eight_concurrent_sessions_get_their_own_lossless_output(server, plain):
     def visitor(i, prompt, method, width, budget):
         try:
             client = Client(url, verbose=False)
-            values = [prompt, method, width, budget, 7, 32, 0.0, i, TOKENS]
-            client.predict(*values, api_name="/reset")
-            _, summary = client.predict(*values, api_name="/run_to_end")[:2]
+            controls = dict(prompt=prompt, method=method, width=width, budget=budget, depth=7, candidates=32,
+                            temperature=0.0, seed=i, max_new_tokens=TOKENS)  # the others keep their defaults
+            client.predict(api_name="/reset", **controls)
+            _, summary = client.predict(api_name="/run_to_end", **controls)[:2]
             results[i] = summary
         except Exception as exc:  # reported below, with the session that failed
             errors.append((i, repr(exc)))
@@ -78,5 +79,6 @@ def test_eight_concurrent_sessions_get_their_own_lossless_output(server, plain):
         assert s["settings"]["method"] == method and s["settings"]["budget"] == budget
     assert proc.poll() is None  # the app is still up
     client = Client(url, verbose=False)
-    _, s = client.predict(*[SESSIONS[0][0], "dartree", 4, 12, 7, 32, 0.0, 0, TOKENS], api_name="/reset")[:2]
+    _, s = client.predict(api_name="/reset", prompt=SESSIONS[0][0], method="dartree", width=4, budget=12,
+                          max_new_tokens=TOKENS)[:2]
     assert s["next_stage"] == "prefill"

@@ -1,16 +1,22 @@
 """The explorer's event functions on the real engine and the real default target (no browser)."""
 
 import copy
+import html
 import json
+import re
 import statistics
 import time
+from dataclasses import asdict, fields, replace
 
 import plotly.graph_objects as go
 import pytest
 
+from dartree.defaults import CPU_DEFAULTS
 from dartree.engine import DecodeSettings, generate
-from dartree.ui import app as ui
-from dartree.ui import figures
+from dartree.errors import UserError
+from dartree.ui import compare, figures, layout, panels
+from dartree.ui.adapter import NodeView
+from dartree.ui.session import WARNING, Controls, canonical_session, default_controls, event, export_trace
 
 pytestmark = [pytest.mark.real, pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -38,7 +44,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def canonical(models):
-    return ui.canonical_session(models, ui.Controls(max_new_tokens=12))
+    return canonical_session(models, Controls(max_new_tokens=12))
 
 
 @pytest.fixture(scope="module")
@@ -48,54 +54,59 @@ def plain(models):
     return generate(target, None, target.chat_ids(PROMPT), DecodeSettings(method="ar", max_new_tokens=12)).token_ids
 
 
-def outputs(result):
-    """event() returns (state, *OUTPUTS): name them."""
-    return dict(zip(ui.OUTPUTS, result[1:]))
-
-
 def is_placeholder(fig: go.Figure) -> bool:
     return len(fig.data) == 0
 
 
+def shown_text(panel: str) -> str:
+    """The text panel's words without its markup."""
+    return html.unescape(re.sub(r"<[^>]+>", "", panel))
+
+
 def test_first_load_has_every_panel_filled(canonical, models):
-    first = ui.full_render(canonical)
-    assert set(ui.PANELS) <= set(first)
-    for name in ui.PANELS:
+    first = panels.full_render(canonical)
+    assert set(first) == set(panels.OUTPUTS)
+    for name in panels.PANELS:
         if name.endswith("_fig"):
             assert isinstance(first[name], go.Figure), name
             assert not is_placeholder(first[name]), f"{name} is empty on first load"
             assert first[name].layout.height, f"{name} has no explicit height"
-    assert "ocean" in first["text"] or first["summary"]["output_ids"]
+    committed = first["summary"]["text"]
+    assert committed.strip() and committed.replace("\n", "") in shown_text(first["text"])  # the round's words
     assert first["summary"]["rounds"] == 1 and first["summary"]["next_stage"] == "draft"
     assert "ratio" in first["speed_md"]  # plain decoding was timed at start-up
     assert models.drafter_description.startswith("trained on")  # the shipped drafter is the default
-    assert "UNTRAINED" not in ui._drafter_banner(models) and "trained on" in ui._drafter_banner(models)
+    banner = layout.drafter_banner(models)
+    assert "UNTRAINED" not in banner and "trained on" in banner
 
 
 def test_stepping_a_round_stage_by_stage(canonical, plain):
     session = copy.deepcopy(canonical)
-    controls = ui.Controls(**SMALL)
-    values = controls.values()
-    out = outputs(ui.event(session, "draft", *values))
+    out = event(session, "draft", **SMALL)
     assert "started again" in out["status"] and "Round 0" in out["status"]
+    assert set(out) == set(panels.OUTPUTS)  # new settings: every panel redrawn
     assert not is_placeholder(out["draft_fig"]) and is_placeholder(out["verify_fig"])
     timings = []
     for d in range(1, 8):
         t0 = time.perf_counter()
-        out = outputs(ui.event(session, "depth", *values))
+        out = event(session, "depth", **SMALL)
         timings.append(time.perf_counter() - t0)
         assert f"Depth {d}:" in out["status"]
         assert out["summary"]["depths_built"] == d
         assert not is_placeholder(out["supertree_fig"]) and not is_placeholder(out["correction_fig"])
-        assert out["prune_fig"] is not None and "prune_fig" in out  # a skip marker, not a redraw
+        # a depth redraws the tree and the correction only: the pruning panels keep what they show
+        assert set(out) == {"status", "summary", "supertree_fig", "correction_fig"}, sorted(out)
     print(f"depth step: median {statistics.median(timings):.3f} s, max {max(timings):.3f} s")
     assert statistics.median(timings) < 0.5
     assert out["summary"]["supertree_nodes"] == 4 * 7  # W per depth
-    out = outputs(ui.event(session, "prune", *values))
+    out = event(session, "prune", **SMALL)
     assert out["summary"]["tree_nodes"] == 12 and "12 best" in out["status"]
-    out = outputs(ui.event(session, "verify", *values))
+    assert set(out) == {"status", "summary", "prune_fig", "rank_fig", "mask_fig"}
+    bars = out["rank_fig"].data[0].marker.color  # ranked by path score: the best B are the kept ones
+    assert len(bars) == 4 * 7 and set(bars[:12]) == {"#3b75af"} and "#3b75af" not in bars[12:]
+    out = event(session, "verify", **SMALL)
     assert out["summary"]["accepted"] is not None and "bonus" in out["status"]
-    out = outputs(ui.event(session, "commit", *values))
+    out = event(session, "commit", **SMALL)
     committed = out["summary"]["output_ids"]
     assert committed == plain[: len(committed)] and len(committed) >= 2
     assert out["summary"]["next_stage"] == "draft"
@@ -104,17 +115,16 @@ def test_stepping_a_round_stage_by_stage(canonical, plain):
 def test_sessions_are_independent(canonical, models):
     a, b = copy.deepcopy(canonical), copy.deepcopy(canonical)
     assert a.decoder is not canonical.decoder and a.decoder.target is models.target
-    before = ui.summary(b)
-    ui.event(a, "depth", *canonical.controls.values())
-    assert ui.summary(a)["next_stage"] == "depth" and ui.summary(b) == before
-    assert ui.summary(canonical)["next_stage"] == "draft"
+    before = panels.summary(b)
+    event(a, "depth", **asdict(canonical.controls))
+    assert panels.summary(a)["next_stage"] == "depth" and panels.summary(b) == before
+    assert panels.summary(canonical)["next_stage"] == "draft"
 
 
 @pytest.mark.parametrize("method", ["ddtree", "chain", "dartree-fixed"])
 def test_other_methods_round(canonical, plain, method):
     session = copy.deepcopy(canonical)
-    controls = ui.Controls(**dict(SMALL, method=method))
-    out = outputs(ui.event(session, "round", *controls.values()))
+    out = event(session, "round", **dict(SMALL, method=method))
     s = out["summary"]
     assert s["rounds"] == 1 and s["output_ids"] == plain[: len(s["output_ids"])]
     nodes = s["tree_nodes"]
@@ -132,48 +142,53 @@ def test_errors_are_messages_not_tracebacks(canonical):
         (dict(SMALL, budget=0), "budget B"),
         (dict(SMALL, depth=9), "depth D"),
         (dict(SMALL, temperature=5.0), "temperature"),
+        (dict(SMALL, depth_bonus=-2.0), "depth bonus"),
+        (dict(SMALL, width="wide"), "width must be a number"),
     ]
     for controls, message in cases:
-        out = outputs(ui.event(session, "draft", *ui.Controls(**controls).values()))
+        out = event(session, "draft", **controls)
         assert out["status"].startswith("⚠️") and message in out["status"], out["status"]
-        assert "Traceback" not in out["status"]
-    values = ui.Controls(**SMALL).values()
-    ui.event(session, "depth", *values)
-    out = outputs(ui.event(session, "draft", *values))
+        assert message in out[WARNING] and "Traceback" not in out["status"]
+        assert set(out) == {"status", WARNING}  # the panels keep what they showed
+    event(session, "depth", **SMALL)
+    out = event(session, "draft", **SMALL)
     assert out["status"].startswith("⚠️") and "still being built" in out["status"]
-    ui.event(session, "prune", *values)
-    out = outputs(ui.event(session, "depth", *values))
+    event(session, "prune", **SMALL)
+    out = event(session, "depth", **SMALL)
     assert "already passed" in out["status"]
+    with pytest.raises(TypeError, match="unknown controls"):  # a misspelt control is a bug, not a message
+        Controls.of(widht=4)
 
 
 def test_run_to_end_trace_and_speed(canonical, plain):
     session = copy.deepcopy(canonical)
-    controls = ui.Controls(**dict(SMALL, max_new_tokens=6))
-    out = outputs(ui.event(session, "end", *controls.values()))
+    out = event(session, "end", **dict(SMALL, max_new_tokens=6))
     s = out["summary"]
     assert s["next_stage"] == "done" and s["output_ids"] == plain[:6]
     assert "ratio" in out["speed_md"] and len(out["speed_fig"].data[0].x) == 2
     assert len(out["timeline_fig"].data) == 4
-    out = outputs(ui.event(session, "depth", *controls.values()))
+    out = event(session, "depth", **dict(SMALL, max_new_tokens=6))
     assert "finished" in out["status"]
-    data = json.loads(open(ui.export_trace(session, "json")).read())
+    data = json.loads(open(export_trace(session, "json")).read())
     assert data["records"][0]["stage"] == "draft" and data["records"][-1]["stage"] == "commit"
-    assert "stage" in open(ui.export_trace(session, "csv")).readline()
+    assert "stage" in open(export_trace(session, "csv")).readline()
 
 
 def test_play_ticks_one_step_each(canonical):
     session = copy.deepcopy(canonical)
-    timer, button, playing = ui.toggle_play(False)
-    assert playing is True and button.value.endswith("Pause")
-    values = canonical.controls.values()
+    play = layout.toggle_play(False)
+    assert play["playing"] is True and play["play"].value.endswith("Pause")
+    values = asdict(canonical.controls)
     for stage in ("draft", "depth"):
-        result = ui.tick(session, True, *values)
-        assert ui.summary(session)["last_stage"] == stage and result[-1] is True
+        result = layout.tick(session, True, **values)
+        assert panels.summary(session)["last_stage"] == stage and result["playing"] is True
+    stopped = layout.tick(session, True, **dict(values, budget=0))  # an error stops the timer
+    assert stopped["playing"] is False and stopped["play"].value.endswith("Play") and WARNING in stopped
 
 
 def test_race_streams_and_is_lossless(models, plain):
-    controls = ui.Controls(**dict(SMALL, budget=8, max_new_tokens=5))
-    snapshots = list(ui.race(models, controls))
+    controls = Controls(**dict(SMALL, budget=8, max_new_tokens=5))
+    snapshots = list(compare.race(models, controls))
     assert len(snapshots) >= 2 and all(len(s) == 4 for s in snapshots)
     final = snapshots[-1]
     assert all(lane["finished"] for lane in final)
@@ -183,13 +198,13 @@ def test_race_streams_and_is_lossless(models, plain):
 
 def test_sweep_grid(canonical):
     session = copy.deepcopy(canonical)
-    result = ui.sweep(session, "2", "4,8", PROMPT, 4, progress=lambda *a, **k: None)
+    result = compare.sweep(session, "2", "4,8", PROMPT, 4, progress=lambda *a, **k: None)
     assert result["widths"] == [2] and result["budgets"] == [4, 8]
     assert all(v is not None and v > 0 for v in result["tau"][0] + result["speedup"][0])
-    tau_fig, speed_fig, rows = ui.sweep_outputs(result, session.models.drafter_description)
+    tau_fig, speed_fig, rows = compare.sweep_outputs(result, session.models.drafter_description)
     assert len(rows) == 2 and tau_fig.data and speed_fig.data
-    with pytest.raises(ui.UserError):
-        ui.sweep(session, "2,x", "4", PROMPT, 6)
+    with pytest.raises(UserError):
+        compare.sweep(session, "2,x", "4", PROMPT, 6)
 
 
 def test_figures_from_plain_values_only():
@@ -198,38 +213,68 @@ def test_figures_from_plain_values_only():
     tree = {"texts": ["a", "b", "c"], "parents": [-1, 0, 1], "prefix_len": 5}
     fig = figures.mask_figure(tree)
     assert list(fig.data[0].z[2]) == [2, 1, 1, 1]  # prefix column (2) + ancestors + itself (1)
-    pos = figures.layered_layout([{"id": 0, "parent": None}, {"id": 1, "parent": 0, "order": 1},
-                                  {"id": 2, "parent": 0, "order": 0}])
+    def node(i, parent, depth, order=0, survived=True):
+        return NodeView(id=i, parent=parent, depth=depth, token=i, text=str(i), score=0.0, order=order,
+                        survived=survived)
+
+    pos = figures.layered_layout([node(0, None, 0), node(1, 0, 1, order=1), node(2, 0, 1, order=0)])
     assert pos[2][1] > pos[1][1] and pos[0] == (0, 0.5)
+    # children follow their parents' order (no crossing edges); a cut candidate gets less room
+    pos = figures.layered_layout([node(0, None, 0), node(1, 0, 1, order=0), node(2, 0, 1, order=1),
+                                  node(3, 2, 2, order=0), node(4, 1, 2, order=1), node(5, 1, 2, order=2, survived=False)])
+    assert [pos[i][0] for i in range(6)] == [0, 1, 1, 2, 2, 2]
+    assert pos[4][1] > pos[5][1] > pos[3][1]  # node 1's children (4, then the cut 5) above node 2's child 3
+    assert pos[4][1] == pytest.approx(1 - 1.25 / 6) and pos[5][1] == pytest.approx(0.5)  # weights 2.5, 1, 2.5
 
 
 def test_auto_budget_round_is_lossless_and_explains_its_choice(canonical, plain):
     """The checkbox runs dartree with the shipped calibration: B varies per round, capped by the slider."""
     session = copy.deepcopy(canonical)
-    values = ui.Controls(**dict(SMALL, budget=40, auto_budget=True)).values()
-    out = outputs(ui.event(session, "draft", *values))
+    values = dict(SMALL, budget=40, auto_budget=True)
+    out = event(session, "draft", **values)
     for _ in range(7):
-        out = outputs(ui.event(session, "depth", *values))
-    out = outputs(ui.event(session, "prune", *values))
+        out = event(session, "depth", **values)
+    out = event(session, "prune", **values)
     assert "auto budget chose B =" in out["status"] and 1 <= out["summary"]["tree_nodes"] <= 28
-    out = outputs(ui.event(session, "end", *values))
+    out = event(session, "end", **values)
     assert out["summary"]["output_ids"] == plain
-    assert ui.Controls.of(*values).auto_budget and not ui.Controls.of(*values[:-1], "false").auto_budget
+    assert Controls.of(**dict(values, auto_budget="true")).auto_budget
+    assert not Controls.of(**dict(values, auto_budget="false")).auto_budget
 
 
 def test_default_controls_are_the_measured_shape_and_auto_only_where_calibrated(models, monkeypatch):
-    from dataclasses import replace
-
-    from dartree.defaults import CPU_DEFAULTS
-
-    c = ui.default_controls(models, max_new_tokens=12)
+    c = default_controls(models, max_new_tokens=12)
     assert (c.width, c.budget, c.auto_budget, c.max_new_tokens) == (CPU_DEFAULTS["width"], CPU_DEFAULTS["budget"],
                                                                     bool(CPU_DEFAULTS.get("auto_budget")), 12)
     # a device default with the auto budget keeps it only where a shipped calibration fits the models
     monkeypatch.setitem(CPU_DEFAULTS, "auto_budget", True)
-    auto = ui.default_controls(models, max_new_tokens=12)
+    auto = default_controls(models, max_new_tokens=12)
     assert auto.auto_budget is True
     other = replace(models, drafter_name="some/other-drafter")  # no shipped calibration fits it
-    assert ui.default_controls(other).auto_budget is False
-    session = ui.canonical_session(models, auto)  # the shipped policy drives the first round
+    assert default_controls(other).auto_budget is False
+    session = canonical_session(models, auto)  # the shipped policy drives the first round
     assert session.decoder.settings.auto_budget and len(session.decoder.rounds) >= 1
+
+
+def test_depth_bonus_control_reaches_the_settings_and_reads_the_device_default(canonical, models, plain, monkeypatch):
+    assert Controls.of(depth_bonus="-0.5").settings().depth_bonus == -0.5
+    assert default_controls(models).depth_bonus == CPU_DEFAULTS.get("depth_bonus", 0.0)
+    monkeypatch.setitem(CPU_DEFAULTS, "depth_bonus", -0.25)
+    assert default_controls(models).depth_bonus == -0.25
+    session = copy.deepcopy(canonical)
+    out = event(session, "prune", **dict(SMALL, depth_bonus=-0.5))
+    assert out["summary"]["settings"]["depth_bonus"] == -0.5
+    assert "depth bonus" in out["status"] and "-0.50 × depth" in out["rank_fig"].layout.yaxis.title.text
+    out = event(session, "end", **dict(SMALL, depth_bonus=-0.5))
+    assert out["summary"]["output_ids"] == plain  # T = 0: any ranking commits plain decoding's tokens
+
+
+def test_layout_binds_controls_and_outputs_by_name(canonical, models):
+    demo = layout.build_demo(models, initial=copy.deepcopy(canonical))
+    endpoints = demo.get_api_info()["named_endpoints"]
+    for api in ("/draft", "/depth", "/prune", "/verify", "/commit", "/step", "/next_round", "/run_to_end",
+                "/reset", "/measure", "/race"):
+        names = [p["parameter_name"] for p in endpoints[api]["parameters"]]
+        assert sorted(names) == sorted(f.name for f in fields(Controls)), (api, names)
+    draft = endpoints["/draft"]["parameters"]
+    assert {p["parameter_name"]: p["parameter_default"] for p in draft}["prompt"] == canonical.controls.prompt

@@ -7,6 +7,26 @@ step, so figures stay torch-free and cheap to rebuild.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as the tree panels draw it. `id` is the node's index in the round's supertree, or a
+    string for a cut candidate (it has none); `order` sorts siblings (rank at its depth); `marginal`
+    and `corrected` are the step probabilities before and after the correction head."""
+
+    id: int | str
+    parent: int | None
+    depth: int
+    token: int
+    text: str
+    score: float  # path log-score
+    marginal: float | None = None
+    corrected: float | None = None
+    rank: int | None = None
+    order: float = 0  # sorts siblings: rank at its depth (or minus the path score)
+    survived: bool = True  # False: cut by the global top-W at its depth
 
 
 def _list(x):
@@ -40,8 +60,7 @@ def draft_view(rec, texts: TokenTexts, top: int = 8) -> dict:
             "tokens": tokens, "texts": [texts.many(row) for row in tokens], "probs": probs, "seconds": rec.seconds}
 
 
-def depth_view(rec, texts: TokenTexts, cut_per_parent: int = 3, correction_parents: int = 16,
-               first_corrected_depth: int | None = None) -> dict:
+def depth_view(rec, texts: TokenTexts, cut_per_parent: int = 3, correction_parents: int = 16) -> dict:
     """One depth: its survivors, a few of the cut candidates per parent, and the rank comparison."""
     frontier = _list(rec.frontier)
     f = len(frontier)
@@ -55,9 +74,9 @@ def depth_view(rec, texts: TokenTexts, cut_per_parent: int = 3, correction_paren
     corrected_rank = order.argsort(dim=-1).reshape(-1).tolist()
 
     def node(i, nid):
-        return {"id": nid, "parent": parent[i], "depth": rec.depth, "token": token[i], "text": texts(token[i]),
-                "score": score[i], "marginal": math.exp(marginal[i]), "corrected": math.exp(corrected[i]),
-                "rank": rank[i], "order": rank[i], "survived": bool(survived[i])}
+        return NodeView(id=nid, parent=parent[i], depth=rec.depth, token=token[i], text=texts(token[i]),
+                        score=score[i], marginal=math.exp(marginal[i]), corrected=math.exp(corrected[i]),
+                        rank=rank[i], order=rank[i], survived=bool(survived[i]))
 
     survivors = [node(i, node_index[i]) for i in range(n) if survived[i]]
     per_parent = max(0, min(cut_per_parent, 48 // max(f, 1)))
@@ -69,24 +88,15 @@ def depth_view(rec, texts: TokenTexts, cut_per_parent: int = 3, correction_paren
     active = bool((rec.corrected_lp - rec.marginal_lp).abs().max() > 1e-6) if n else False
     shown = min(f, correction_parents)
     idx = list(range(shown * c))
-    if active:
-        caption = (f"depth {rec.depth}: {shown} of {f} frontier node(s) × {c} candidates; "
-                   "off the diagonal = re-ranked by the head")
-    elif first_corrected_depth is not None and rec.depth < first_corrected_depth:
-        caption = (f"depth {rec.depth} uses the marginals alone (correction starts at depth "
-                   f"{first_corrected_depth}): all on the diagonal")
-    else:
-        caption = f"depth {rec.depth}: the correction head changed no ranking here"
     correction = {"marginal_rank": [i % c for i in idx], "corrected_rank": [corrected_rank[i] for i in idx],
                   "survived": [bool(survived[i]) for i in idx], "parent": [parent[i] for i in idx],
-                  "texts": [texts(token[i]) for i in idx], "caption": caption, "active": active}
+                  "texts": [texts(token[i]) for i in idx], "active": active, "shown": shown}
     return {"round": rec.round, "depth": rec.depth, "frontier": frontier, "survivors": survivors, "cut": cut,
             "examined": n, "kept": len(survivors), "candidates": c, "correction": correction, "seconds": rec.seconds}
 
 
-def root_node(anchor: int, texts: TokenTexts) -> dict:
-    return {"id": 0, "parent": None, "depth": 0, "token": int(anchor), "text": texts(anchor), "score": 0.0,
-            "marginal": None, "corrected": None, "rank": None, "order": 0, "survived": True}
+def root_node(anchor: int, texts: TokenTexts) -> NodeView:
+    return NodeView(id=0, parent=None, depth=0, token=int(anchor), text=texts(anchor), score=0.0)
 
 
 def tree_view(rec, texts: TokenTexts) -> dict:
@@ -96,7 +106,7 @@ def tree_view(rec, texts: TokenTexts) -> dict:
             "kept": _list(rec.kept) if rec.kept is not None else None, "budget": rec.budget, "seconds": rec.seconds}
 
 
-def nodes_from_tree(tree: dict) -> list[dict]:
+def nodes_from_tree(tree: dict) -> list[NodeView]:
     """Supertree nodes from a whole-tree record (ddtree builds its heap in one step)."""
     nodes = []
     by_depth: dict[int, list[int]] = {}
@@ -109,9 +119,8 @@ def nodes_from_tree(tree: dict) -> list[dict]:
     for i, (tok, text, p, d, s) in enumerate(zip(tree["tokens"], tree["texts"], tree["parents"], tree["depths"],
                                                  tree["scores"])):
         step = math.exp(s - tree["scores"][p]) if p >= 0 else None
-        nodes.append({"id": i, "parent": p if p >= 0 else None, "depth": d, "token": tok, "text": text, "score": s,
-                      "marginal": step, "corrected": step, "rank": rank[i] if d else None, "order": rank[i],
-                      "survived": True})
+        nodes.append(NodeView(id=i, parent=p if p >= 0 else None, depth=d, token=tok, text=text, score=s,
+                              marginal=step, corrected=step, rank=rank[i] if d else None, order=rank[i]))
     return nodes
 
 
@@ -120,17 +129,11 @@ def verify_view(rec, texts: TokenTexts, scores: list[float]) -> dict:
     target_tokens = _list(rec.target_tokens)
     path = _list(rec.path)
     matched = [i == 0 or tokens[i] == target_tokens[parents[i]] for i in range(len(tokens))]
-    ptexts = texts.many(tokens)
-    accepted = [ptexts[i] for i in path[1:]]
-    bonus_text = texts(rec.bonus)
-    words = " ".join(f"“{t}”" for t in accepted)
-    caption = (f"accepted {len(accepted)} draft token(s){' ' + words if words else ''} + bonus “{bonus_text}” "
-               f"→ {len(accepted) + 1} token(s) this round from one target pass over {len(tokens)} nodes")
-    return {"round": rec.round, "prefix_len": rec.prefix_len, "tokens": tokens, "texts": ptexts, "parents": parents,
-            "depths": _list(rec.depths), "scores": scores, "target_tokens": target_tokens,
+    return {"round": rec.round, "prefix_len": rec.prefix_len, "tokens": tokens, "texts": texts.many(tokens),
+            "parents": parents, "depths": _list(rec.depths), "scores": scores, "target_tokens": target_tokens,
             "target_texts": texts.many(target_tokens), "matched": matched, "accepted": _list(rec.accepted),
-            "path": path, "bonus": rec.bonus, "bonus_text": bonus_text, "mask": _list(rec.visible),
-            "caption": caption, "seconds": rec.seconds}
+            "path": path, "bonus": rec.bonus, "bonus_text": texts(rec.bonus), "mask": _list(rec.visible),
+            "seconds": rec.seconds}
 
 
 def text_segments(target, output: list[int], rounds: list[tuple[int | None, int]],

@@ -11,10 +11,10 @@ from __future__ import annotations
 import html
 import math
 
-import networkx as nx
 import plotly.graph_objects as go
 
 from ..trace import STAGE_KEYS
+from .adapter import NodeView
 
 TREE_HEIGHT = 520
 SMALL_HEIGHT = 320
@@ -59,34 +59,25 @@ def placeholder(title: str, message: str, height: int = SMALL_HEIGHT) -> go.Figu
 
 
 # ---------------------------------------------------------------------------------------- layout
-def layered_layout(nodes: list[dict]) -> dict:
+def layered_layout(nodes: list[NodeView]) -> dict:
     """Positions {id: (x, y)}: one column per depth, each column spread evenly over [0, 1].
 
-    Inside a column nodes follow their parents' order, then their own `order` key (rank), so edges
-    never cross and siblings stay together; labelled nodes get 2.5 times the room of faded cut
-    candidates (`survived` False). Node 0 of `nodes` is the root.
+    Inside a column nodes follow their parents' order, then their own `order` (rank), so edges never
+    cross and siblings stay together; labelled nodes get 2.5 times the room of faded cut candidates.
+    Every node carries its depth and parents come before children, so the columns are a group-by on
+    depth, filled from the root outwards (no graph library needed).
     """
-    graph = nx.DiGraph()
+    columns: dict[int, list[NodeView]] = {}
     for n in nodes:
-        graph.add_node(n["id"], key=n.get("order", 0), weight=1.0 if n.get("survived") is False else 2.5)
-    for n in nodes:
-        if n.get("parent") is not None and n["parent"] in graph:
-            graph.add_edge(n["parent"], n["id"])
-    root = nodes[0]["id"]
-    slot = {root: 0}
-    pos = {}
-    for depth, layer in enumerate(nx.bfs_layers(graph, [root])):
-        def key(v):
-            preds = list(graph.predecessors(v))
-            return (slot[preds[0]] if preds else 0, graph.nodes[v]["key"])
-
-        layer = sorted(layer, key=key)
-        total = sum(graph.nodes[v]["weight"] for v in layer)
-        used = 0.0
-        for i, v in enumerate(layer):
-            w = graph.nodes[v]["weight"]
-            slot[v] = i
-            pos[v] = (depth, 1.0 - (used + w / 2) / total)
+        columns.setdefault(n.depth, []).append(n)
+    slot, pos = {}, {}
+    for depth in sorted(columns):
+        column = sorted(columns[depth], key=lambda n: (slot.get(n.parent, 0), n.order))
+        weights = [2.5 if n.survived else 1.0 for n in column]
+        total, used = sum(weights), 0.0
+        for i, (n, w) in enumerate(zip(column, weights)):
+            slot[n.id] = i
+            pos[n.id] = (depth, 1.0 - (used + w / 2) / total)
             used += w
     return pos
 
@@ -94,10 +85,9 @@ def layered_layout(nodes: list[dict]) -> dict:
 def _edges(nodes, pos, keep=lambda n: True):
     xs, ys = [], []
     for n in nodes:
-        p = n.get("parent")
-        if p is None or p not in pos or n["id"] not in pos or not keep(n):
+        if n.parent is None or n.parent not in pos or n.id not in pos or not keep(n):
             continue
-        (x0, y0), (x1, y1) = pos[p], pos[n["id"]]
+        (x0, y0), (x1, y1) = pos[n.parent], pos[n.id]
         xs += [x0, x1, None]
         ys += [y0, y1, None]
     return xs, ys
@@ -110,16 +100,16 @@ def _depth_axes(fig, max_depth: int, extra: float = 0.0):
     fig.update_yaxes(range=[-0.04, 1.06], visible=False, fixedrange=True)
 
 
-def _node_hover(n: dict) -> str:
-    parts = [f"<b>{_esc(n['text'])}</b>  (id {n['token']})", f"depth {n['depth']}"]
-    if n.get("rank") is not None:
-        parts.append(f"rank at this depth: {n['rank']}")
-    if n.get("marginal") is not None:
-        parts.append(f"marginal p: {n['marginal']:.4f}")
-    if n.get("corrected") is not None:
-        parts.append(f"corrected p: {n['corrected']:.4f}")
-    parts.append(f"path score: {n['score']:.3f}  (p = {math.exp(n['score']):.3g})")
-    if n.get("survived") is False:
+def _node_hover(n: NodeView) -> str:
+    parts = [f"<b>{_esc(n.text)}</b>  (id {n.token})", f"depth {n.depth}"]
+    if n.rank is not None:
+        parts.append(f"rank at this depth: {n.rank}")
+    if n.marginal is not None:
+        parts.append(f"marginal p: {n.marginal:.4f}")
+    if n.corrected is not None:
+        parts.append(f"corrected p: {n.corrected:.4f}")
+    parts.append(f"path score: {n.score:.3f}  (p = {math.exp(n.score):.3g})")
+    if not n.survived:
         parts.append("<i>cut by the global top-W at this depth</i>")
     return "<br>".join(parts)
 
@@ -161,8 +151,8 @@ def supertree_figure(tree: dict | None) -> go.Figure:
     nodes, max_depth = tree["nodes"], tree["max_depth"]
     pos = layered_layout(nodes)
     fig = _base(f"{title}<br><sup>{tree.get('caption', '')}</sup>", TREE_HEIGHT)
-    cut = [n for n in nodes if n.get("survived") is False]
-    alive = [n for n in nodes if n.get("survived") is not False]
+    cut = [n for n in nodes if not n.survived]
+    alive = [n for n in nodes if n.survived]
     xs, ys = _edges(cut, pos)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#dddddd", width=1, dash="dot"),
                              hoverinfo="skip"))
@@ -170,19 +160,19 @@ def supertree_figure(tree: dict | None) -> go.Figure:
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#8a8a8a", width=1.4), hoverinfo="skip"))
     if cut:
         fig.add_trace(go.Scatter(
-            x=[pos[n["id"]][0] for n in cut], y=[pos[n["id"]][1] for n in cut], mode="markers",
-            marker=dict(color=CUT, size=[_size(n.get("corrected"), 6, 14) for n in cut], opacity=0.55,
+            x=[pos[n.id][0] for n in cut], y=[pos[n.id][1] for n in cut], mode="markers",
+            marker=dict(color=CUT, size=[_size(n.corrected, 6, 14) for n in cut], opacity=0.55,
                         line=dict(width=0)),
             hovertext=[_node_hover(n) for n in cut], hoverinfo="text"))
-    scores = [n["score"] for n in alive]
+    scores = [n.score for n in alive]
     lo = min(scores[1:]) if len(scores) > 1 else -1.0
     label = len(alive) <= 4 * (max_depth + 1) * 8
     fig.add_trace(go.Scatter(
-        x=[pos[n["id"]][0] for n in alive], y=[pos[n["id"]][1] for n in alive],
+        x=[pos[n.id][0] for n in alive], y=[pos[n.id][1] for n in alive],
         mode="markers+text" if label else "markers",
-        text=[show_token(n["text"]) for n in alive], textposition="middle right", textfont=dict(size=10),
+        text=[show_token(n.text) for n in alive], textposition="middle right", textfont=dict(size=10),
         marker=dict(color=scores, colorscale=SCORE_SCALE, cmin=min(lo, -1e-3), cmax=0.0,
-                    size=[_size(n.get("corrected")) if n["depth"] else 18 for n in alive],
+                    size=[_size(n.corrected) if n.depth else 18 for n in alive],
                     line=dict(color="#333", width=0.6),
                     colorbar=dict(title=dict(text="path<br>log-score", side="right"), thickness=12)),
         hovertext=[_node_hover(n) for n in alive], hoverinfo="text"))
@@ -195,27 +185,27 @@ def prune_figure(tree: dict | None, prune: dict | None) -> go.Figure:
     title = "3 · Deferred pruning: keep the B best nodes of the whole supertree"
     if not tree or not prune:
         return placeholder(title, "Press Prune once every depth is built", TREE_HEIGHT)
-    nodes = [n for n in tree["nodes"] if n.get("survived") is not False]
+    nodes = [n for n in tree["nodes"] if n.survived]
     kept = set(prune["kept"])
     pos = layered_layout(nodes)
     fig = _base(f"{title}<br><sup>{prune['caption']}</sup>", TREE_HEIGHT)
-    xs, ys = _edges(nodes, pos, keep=lambda n: n["id"] not in kept)
+    xs, ys = _edges(nodes, pos, keep=lambda n: n.id not in kept)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#e3e3e3", width=1, dash="dot"),
                              hoverinfo="skip"))
-    xs, ys = _edges(nodes, pos, keep=lambda n: n["id"] in kept)
+    xs, ys = _edges(nodes, pos, keep=lambda n: n.id in kept)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="#777", width=1.6), hoverinfo="skip"))
-    gone = [n for n in nodes if n["id"] not in kept]
+    gone = [n for n in nodes if n.id not in kept]
     if gone:
         fig.add_trace(go.Scatter(
-            x=[pos[n["id"]][0] for n in gone], y=[pos[n["id"]][1] for n in gone], mode="markers",
+            x=[pos[n.id][0] for n in gone], y=[pos[n.id][1] for n in gone], mode="markers",
             marker=dict(symbol="x", color="#d62728", size=8, opacity=0.45),
             hovertext=[_node_hover(n) + "<br><i>pruned: not among the best B</i>" for n in gone], hoverinfo="text"))
-    keep_nodes = [n for n in nodes if n["id"] in kept]
-    scores = [n["score"] for n in keep_nodes]
+    keep_nodes = [n for n in nodes if n.id in kept]
+    scores = [n.score for n in keep_nodes]
     lo = min(scores[1:]) if len(scores) > 1 else -1.0
     fig.add_trace(go.Scatter(
-        x=[pos[n["id"]][0] for n in keep_nodes], y=[pos[n["id"]][1] for n in keep_nodes], mode="markers+text",
-        text=[show_token(n["text"]) for n in keep_nodes], textposition="middle right", textfont=dict(size=10),
+        x=[pos[n.id][0] for n in keep_nodes], y=[pos[n.id][1] for n in keep_nodes], mode="markers+text",
+        text=[show_token(n.text) for n in keep_nodes], textposition="middle right", textfont=dict(size=10),
         marker=dict(color=scores, colorscale=SCORE_SCALE, cmin=min(lo, -1e-3), cmax=0.0, size=13,
                     line=dict(color="#333", width=0.6)),
         hovertext=[_node_hover(n) for n in keep_nodes], hoverinfo="text"))
@@ -224,24 +214,24 @@ def prune_figure(tree: dict | None, prune: dict | None) -> go.Figure:
 
 
 def rank_figure(prune: dict | None) -> go.Figure:
-    """Supertree nodes ranked by path score; the B-th score is the cut."""
+    """Supertree nodes ranked by the score the top-B cut uses; the kept ones in blue."""
     title = "Supertree nodes ranked by path score"
     if not prune:
         return placeholder(title, "Filled at the Prune step")
-    scores = sorted(prune["scores"], reverse=True)
+    scores = [score for score, _ in prune["ranked"]]
     budget = prune["budget"]
     n = len(scores)
     fig = _base(title, SMALL_HEIGHT)
     fig.add_trace(go.Bar(x=list(range(1, n + 1)), y=scores,
-                         marker_color=["#3b75af" if i < budget else "#d9a5a5" for i in range(n)],
+                         marker_color=["#3b75af" if kept else "#d9a5a5" for _, kept in prune["ranked"]],
                          hovertemplate="rank %{x}: score %{y:.3f}<extra></extra>"))
     low = min(scores) if scores else -1.0
     if budget < n:
         fig.add_vline(x=budget + 0.5, line=dict(color="#d62728", width=2, dash="dash"))
-        fig.add_annotation(x=budget + 0.5, y=low * 0.95, text=f"B = {budget}<br>cut at {scores[budget - 1]:.2f}",
+        fig.add_annotation(x=budget + 0.5, y=low * 0.95, text=f"B = {budget}<br>cut at {prune['lowest']:.2f}",
                            showarrow=False, xanchor="left", font=dict(color="#d62728"))
     fig.update_xaxes(range=[0.3, max(n, budget) + 0.7], title="rank", fixedrange=True)
-    fig.update_yaxes(range=[low * 1.08 - 0.05, 0.0], title="path log-score", fixedrange=True)
+    fig.update_yaxes(range=[low * 1.08 - 0.05, 0.0], title=prune.get("axis", "path log-score"), fixedrange=True)
     return fig
 
 
@@ -292,8 +282,9 @@ def verify_figure(verify: dict | None, max_depth: int) -> go.Figure:
         return placeholder(title, "Press Verify: the target reads the whole tree in one forward pass", TREE_HEIGHT)
     n = len(verify["tokens"])
     accepted = set(verify["path"])
-    nodes = [{"id": i, "parent": (p if p >= 0 else None), "depth": d, "order": -s}
-             for i, (p, d, s) in enumerate(zip(verify["parents"], verify["depths"], verify["scores"]))]
+    nodes = [NodeView(id=i, parent=p if p >= 0 else None, depth=d, token=tok, text=text, score=s, order=-s)
+             for i, (p, d, s, tok, text) in enumerate(zip(verify["parents"], verify["depths"], verify["scores"],
+                                                          verify["tokens"], verify["texts"]))]
     pos = layered_layout(nodes)
     fig = _base(f"{title}<br><sup>{verify['caption']}</sup>", TREE_HEIGHT)
     xs, ys = _edges(nodes, pos)
@@ -357,7 +348,7 @@ def correction_figure(depth: dict | None, candidates: int) -> go.Figure:
         return placeholder(title, "Filled at every Next depth (for the methods that use the correction head)")
     corr = depth["correction"]
     if corr is None:
-        return placeholder(title, depth.get("caption") or "no correction for this method")
+        return placeholder(title, depth.get("caption", "no correction for this method"))
     fig = _base(f"{title}<br><sup>{corr['caption']}</sup>", SMALL_HEIGHT + 60)
     lim = candidates
     fig.add_trace(go.Scatter(x=[0, lim - 1], y=[0, lim - 1], mode="lines", line=dict(color="#aaa", dash="dash"),

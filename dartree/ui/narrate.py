@@ -1,0 +1,155 @@
+"""The words on the page: one function per trace record type, plus the captions of the panels.
+
+`narrate(rec, session)` is called after the session has folded `rec` into its views
+(`dartree.ui.session.absorb`), so it reads numbers from those views and from the settings; it changes
+nothing. Method names and stage names appear here only as prose.
+"""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
+
+
+@singledispatch
+def narrate(rec, session) -> str:
+    """One plain-language sentence about a step that just ran."""
+    return f"{rec.stage} done."
+
+
+@narrate.register
+def _prefill(rec: PrefillRecord, session) -> str:
+    return (f"Prefill: the target read the prompt ({rec.prompt_tokens} tokens) in one pass and chose the first "
+            f"token “{session.texts(rec.first_token)}”. It becomes the root of round 0's tree.")
+
+
+@narrate.register
+def _draft(rec: DraftRecord, session) -> str:
+    s = session.decoder.settings
+    return (f"Round {rec.round}: one drafter pass after “{session.texts(rec.anchor)}” proposed its top {s.candidates} "
+            f"candidates for each of the next {s.depth} positions ({rec.seconds:.2f} s). "
+            "Nothing is a tree yet: the next steps grow one.")
+
+
+@narrate.register
+def _depth(rec: DepthRecord, session) -> str:
+    s, dv = session.decoder.settings, session.round.depths[-1]
+    how = {"chain": "kept the single best child (a chain)",
+           "dartree-fixed": f"kept its quota of the {dv['kept']} best",
+           "dartree": f"kept the global top {dv['kept']} (W = {s.width})"}[s.method]
+    sentence = (f"Depth {rec.depth}: expanded {len(dv['frontier'])} frontier node(s) × {dv['candidates']} "
+                f"candidates = {dv['examined']} children, re-scored them with the correction head and {how}.")
+    if session.decoder.next_stage == "prune":
+        sentence += f" The tree is complete with {len(session.round.alive) - 1} nodes: press Prune."
+    return sentence
+
+
+@narrate.register
+def _tree(rec: TreeRecord, session) -> str:
+    s = session.decoder.settings
+    if rec.stage == "depth":  # ddtree builds its whole heap in one step
+        return (f"DDTree's best-first heap picked the {int(rec.tokens.shape[0]) - 1} best nodes by the drafter's "
+                f"marginal path score in one step (budget B = {s.budget}, no correction). Press Prune.")
+    prune = session.round.prune
+    total, budget = prune["total"], prune["budget"]  # B, or the auto budget's choice for this round
+    if not prune["deferred"]:
+        return f"{s.method} already built its tree within the budget: nothing to prune ({total} nodes)."
+    how = (f"the auto budget chose B = {budget} (at most {s.budget}) by expected tokens per second; "
+           if s.auto_budget else "")
+    if total <= budget:
+        return f"{how}The supertree has only {total} nodes (≤ B = {budget}), so pruning keeps them all."
+    return (f"Deferred pruning: {how}it kept the {budget} best of the supertree's {total} nodes by "
+            f"{_ranking(prune['bonus'])}, across all depths at once; the tree to verify has "
+            f"{len(prune['kept']) - 1} nodes.")
+
+
+@narrate.register
+def _verify(rec: VerifyRecord, session) -> str:
+    vv = session.round.verify
+    return (f"Verify: the target read all {len(vv['tokens'])} tree nodes in one forward pass ({rec.seconds:.2f} s); "
+            f"it agrees with {len(vv['path']) - 1} draft token(s) along one path and adds its own bonus token "
+            f"“{vv['bonus_text']}”.")
+
+
+@narrate.register
+def _commit(rec: CommitRecord, session) -> str:
+    sentence = (f"Commit: {len(rec.new_tokens)} token(s) appended ({rec.accepted} from the draft + the bonus) "
+                f"and the target's cache compacted to the accepted path ({rec.cache_length} tokens).")
+    if rec.finished == "eos":
+        sentence += " The model ended its answer."
+    elif rec.finished == "length":
+        sentence += " The maximum number of new tokens is reached."
+    return sentence
+
+
+# ---------------------------------------------------------------------------------------- captions
+def _ranking(bonus: float) -> str:
+    return "path score" if bonus == 0 else f"path score {bonus:+.2f} × depth (the depth bonus)"
+
+
+def supertree_caption(settings, alive: int, built: int) -> str:
+    if settings.method == "ddtree":
+        return f"DDTree heap: {alive} nodes by marginal path score (no correction, no per-depth cut)"
+    return (f"{settings.method}, W = {settings.width}: {alive} nodes over {built} of {settings.depth} depths; "
+            "faded = cut candidates (up to 3 per parent shown)")
+
+
+def prune_caption(prune: dict, method: str) -> str:
+    total, budget = prune["total"], prune["budget"]
+    if not prune["deferred"]:
+        return f"{method} grows within its budget: all {total} nodes kept, nothing pruned"
+    if total <= budget:
+        return f"the supertree has {total} ≤ B = {budget} nodes: all kept"
+    return (f"kept the best {budget} of {total} supertree nodes; the lowest kept {_ranking(prune['bonus'])} is "
+            f"{prune['lowest']:.2f}")
+
+
+def rank_axis(bonus: float) -> str:
+    return "path log-score" if bonus == 0 else f"path log-score {bonus:+.2f} × depth"
+
+
+def correction_caption(depth: dict, first_corrected_depth: int) -> str:
+    corr, d = depth["correction"], depth["depth"]
+    if corr["active"]:
+        return (f"depth {d}: {corr['shown']} of {len(depth['frontier'])} frontier node(s) × {depth['candidates']} "
+                "candidates; off the diagonal = re-ranked by the head")
+    if d < first_corrected_depth:
+        return (f"depth {d} uses the marginals alone (correction starts at depth {first_corrected_depth}): "
+                "all on the diagonal")
+    return f"depth {d}: the correction head changed no ranking here"
+
+
+NO_CORRECTION = ("DDTree ranks by the drafter's marginals alone: there is no correction head in this method, "
+                 "so nothing to compare")
+
+
+def verify_caption(verify: dict) -> str:
+    accepted = [verify["texts"][i] for i in verify["path"][1:]]
+    words = " ".join(f"“{t}”" for t in accepted)
+    return (f"accepted {len(accepted)} draft token(s){' ' + words if words else ''} + bonus “{verify['bonus_text']}” "
+            f"→ {len(accepted) + 1} token(s) this round from one target pass over {len(verify['tokens'])} nodes")
+
+
+def speed_caption(result, ar: dict | None, ratio: float | None) -> str:
+    caption = f"{result.new_tokens} tokens in {result.rounds} rounds so far"
+    if ratio is not None:
+        return caption + f"; plain decoding: {ar['tokens']} tokens → speed ratio {ratio:.2f}×"
+    return caption + "; plain decoding not timed yet (Run to end or Time plain decoding)"
+
+
+def speed_markdown(speed: dict | None, drafter_description: str) -> str:
+    if not speed:
+        return "Speed appears after the first committed round."
+    line = f"**{speed['method']}**: {speed['tps']:.1f} tokens/s, τ = {speed['tau']:.2f} tokens per round"
+    if speed["ar"]:
+        line += f" · **plain decoding**: {speed['ar']['tps']:.1f} tokens/s · **ratio {speed['ratio']:.2f}×**"
+    else:
+        line += " · plain decoding: not timed yet"
+    if drafter_description.startswith("UNTRAINED"):
+        line += ("\n\n*Measured with an UNTRAINED drafter: almost nothing is accepted, so the tree only costs time "
+                 "here. The mechanics are real; the speed-up needs a trained drafter.*")
+    return line
+
+
+TEXT_NOTE = "Each colour is one round; hover for its round. A dashed box marks tokens accepted but not yet committed."

@@ -1,0 +1,379 @@
+"""One visitor's explorer: its controls, its decoder, the plain views of the round on show, and the event
+functions the buttons call.
+
+Everything here is plain Python, without Gradio: `event(session, action, **controls)` takes the control
+values by name and returns the changed outputs by name (`dartree.ui.panels.OUTPUTS`), so it is tested
+without a browser, and `dartree.ui.layout` maps the names to components. Every stage button runs real
+`Decoder.step()` calls on the real models; nothing is mocked or replayed. Each browser session holds its own
+`Session` (a `gr.State`), and one process-wide lock serialises engine calls, so one visitor's clicks never
+touch another's decoder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from functools import singledispatch
+from pathlib import Path
+
+import pandas as pd
+
+from ..budget import policy_for
+from ..defaults import CPU_DEFAULTS, shape_for
+from ..engine import Decoder, DecodeSettings, generate
+from ..errors import UserError
+from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
+from . import panels
+from .adapter import NodeView, TokenTexts, depth_view, draft_view, nodes_from_tree, root_node, tree_view, verify_view
+from .narrate import narrate
+
+DEFAULT_PROMPT = "Write one sentence about the ocean."
+EXAMPLE_PROMPTS = (
+    DEFAULT_PROMPT,
+    "What is the capital of France?",
+    "List three primary colours.",
+    "Explain what a binary tree is in one sentence.",
+    "Write a haiku about autumn.",
+)
+ENGINE_LOCK = threading.RLock()
+STAGE_ORDER = {"draft": 0, "depth": 1, "prune": 2, "verify": 3, "commit": 4}
+TRACE_DIR = Path(tempfile.gettempdir()) / "dartree-traces"
+WARNING = "warning"  # a pseudo-output: a message the page shows as a toast (see `event`)
+
+
+# ---------------------------------------------------------------------------------------- controls
+@dataclass(frozen=True)
+class Controls:
+    """The explorer's control values. This is the one declaration of the controls: the layout gives every
+    field a component of the same name, and values travel by name (never by position)."""
+
+    prompt: str = DEFAULT_PROMPT
+    method: str = "dartree"
+    width: int = CPU_DEFAULTS["width"]  # the best (W, B) measured on this CPU (dartree.defaults)
+    budget: int = CPU_DEFAULTS["budget"]
+    depth: int = 7
+    candidates: int = CPU_DEFAULTS["candidates"]
+    temperature: float = 0.0
+    seed: int = 0
+    max_new_tokens: int = 32
+    auto_budget: bool = False  # dartree: per-round B by expected tokens/s (on where calibrated: default_controls)
+    depth_bonus: float = CPU_DEFAULTS.get("depth_bonus", 0.0)  # the top-B cut ranks by score + bonus * depth
+
+    @classmethod
+    def of(cls, **named) -> "Controls":
+        """Build from control values by name (as the page sends them: numbers may come as text); coerce
+        types. A missing or None value takes the default."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(named) - set(known))
+        if unknown:
+            raise TypeError(f"unknown controls {unknown}: Controls has {list(known)}")
+        return cls(**{name: _coerce(f, named[name]) for name, f in known.items() if named.get(name) is not None})
+
+    def settings(self) -> DecodeSettings:
+        return DecodeSettings(method=self.method, width=self.width, budget=self.budget, depth=self.depth,
+                              candidates=self.candidates, temperature=self.temperature, seed=self.seed,
+                              max_new_tokens=self.max_new_tokens, depth_bonus=self.depth_bonus,
+                              auto_budget=self.auto_budget and self.method == "dartree")
+
+    def plain_key(self) -> tuple:
+        """What plain decoding's output and speed depend on (the key of `Session.ar_cache`)."""
+        return (self.prompt, self.max_new_tokens, self.temperature, self.seed)
+
+
+def _coerce(f, value):
+    try:
+        if f.type == "bool":
+            return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+        if f.type == "str":
+            return str(value)
+        return float(value) if f.type == "float" else int(round(float(value)))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{f.name.replace('_', ' ')} must be a number, got {value!r}") from exc
+
+
+def default_controls(models, **overrides) -> Controls:
+    """The measured defaults of the models' device, auto budget only where it is calibrated (dartree.defaults)."""
+    shape = shape_for(models)
+    named = {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"],
+             "auto_budget": bool(shape.get("auto_budget")), "depth_bonus": shape.get("depth_bonus", 0.0)}
+    return Controls(**{**named, **overrides})
+
+
+# ---------------------------------------------------------------------------------------- state
+@dataclass
+class RoundView:
+    """Plain views of the round on show, filled record by record (`absorb`)."""
+
+    records: list = field(default_factory=list)  # the raw records, for the trace download
+    draft: dict | None = None
+    depths: list[dict] = field(default_factory=list)
+    nodes: list[NodeView] = field(default_factory=list)  # the supertree so far (cut candidates included)
+    tree: dict | None = None  # ddtree's whole heap (it has no depth-by-depth records)
+    prune: dict | None = None
+    pruned: dict | None = None  # the tree to verify
+    verify: dict | None = None
+    pending: list[int] | None = None  # accepted by Verify, not yet committed
+
+    @property
+    def alive(self) -> list[NodeView]:
+        """The supertree's nodes (root first), without the cut candidates."""
+        return [n for n in self.nodes if n.survived]
+
+
+class Session:
+    """One visitor's decoder, the plain views of the round on show, and cached measurements."""
+
+    def __init__(self, models):
+        self.models = models
+        self.texts = TokenTexts(models.target)
+        self.controls: Controls | None = None
+        self.decoder: Decoder | None = None
+        self.round = RoundView()
+        self.marks: list = []  # (round or None for prefill, tokens committed)
+        self.ar_cache: dict = {}
+        self.sweep: dict | None = None
+        self.message = ""
+        self.last_stage: str | None = None
+
+    def __deepcopy__(self, memo):
+        """Gradio deep-copies a State's value for each new browser session: copy the decoder, its caches and
+        views, but share the models and the token-text cache."""
+        shared = [self.models, self.models.target, self.models.drafter, self.texts]
+        memo.update({id(x): x for x in shared if x is not None})
+        new = Session.__new__(Session)
+        for key, value in self.__dict__.items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        return new
+
+    def plain_decoding(self, prompt: str, max_new_tokens: int, temperature: float, seed: int) -> dict:
+        """Plain autoregressive decoding of `prompt`, measured once per session and cached."""
+        key = (prompt, max_new_tokens, temperature, seed)
+        if key not in self.ar_cache:
+            target = self.models.target
+            settings = DecodeSettings(method="ar", temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+            with ENGINE_LOCK:
+                r = generate(target, None, target.chat_ids(prompt), settings)
+            self.ar_cache[key] = {"tps": r.tokens_per_second, "tokens": r.new_tokens, "seconds": r.decode_seconds,
+                                  "token_ids": list(r.token_ids), "text": r.text}
+        return self.ar_cache[key]
+
+    def plain(self) -> dict:
+        """Plain decoding with the prompt and settings on show."""
+        return self.plain_decoding(*self.controls.plain_key())
+
+    def cached_plain(self) -> dict | None:
+        return self.ar_cache.get(self.controls.plain_key()) if self.controls else None
+
+
+# ---------------------------------------------------------------------------------------- records -> state
+@singledispatch
+def absorb(rec, session: Session) -> None:
+    """Fold one step's record into the session's views (state only: the words are `narrate`'s)."""
+    raise TypeError(f"no view for a {type(rec).__name__}")
+
+
+@absorb.register
+def _prefill(rec: PrefillRecord, session: Session) -> None:
+    session.marks.append((None, 1))
+
+
+@absorb.register
+def _draft(rec: DraftRecord, session: Session) -> None:
+    session.round = RoundView(draft=draft_view(rec, session.texts), nodes=[root_node(rec.anchor, session.texts)])
+
+
+@absorb.register
+def _depth(rec: DepthRecord, session: Session) -> None:
+    dv = depth_view(rec, session.texts)
+    session.round.depths.append(dv)
+    session.round.nodes += dv["survivors"] + dv["cut"]
+
+
+@absorb.register
+def _tree(rec: TreeRecord, session: Session) -> None:
+    r, tv = session.round, tree_view(rec, session.texts)
+    if rec.stage == "depth":  # ddtree builds its whole heap in one step
+        r.tree, r.nodes = tv, nodes_from_tree(tv)
+        return
+    bonus = session.decoder.settings.depth_bonus
+    alive = r.alive
+    kept = tv["kept"] if tv["kept"] is not None else [n.id for n in alive]
+    inside = set(kept)
+    ranked = sorted(((n.score + bonus * n.depth, n.id in inside) for n in alive[1:]), key=lambda kv: -kv[0])
+    r.prune = {"kept": kept, "ranked": ranked, "budget": rec.budget, "total": len(alive) - 1, "bonus": bonus,
+               "deferred": tv["kept"] is not None, "lowest": min((k for k, keep in ranked if keep), default=None)}
+    r.pruned = dict(tv, prefix_len=session.decoder.prefix_len)
+
+
+@absorb.register
+def _verify(rec: VerifyRecord, session: Session) -> None:
+    r = session.round
+    scores = r.pruned["scores"] if r.pruned else [0.0] * int(rec.tokens.shape[0])
+    r.verify = verify_view(rec, session.texts, scores)
+    r.pending = [r.verify["tokens"][i] for i in r.verify["path"][1:]] + [r.verify["bonus"]]
+
+
+@absorb.register
+def _commit(rec: CommitRecord, session: Session) -> None:
+    session.round.pending = None
+    session.marks.append((rec.round, len(rec.new_tokens)))
+
+
+def step(session: Session) -> tuple[str, frozenset]:
+    """One engine step: its sentence and the panels it changed."""
+    with ENGINE_LOCK:
+        rec = session.decoder.step()
+    session.last_stage = rec.stage
+    absorb(rec, session)
+    if not isinstance(rec, PrefillRecord):
+        session.round.records.append(rec)
+    return narrate(rec, session), panels.CHANGES[rec.stage]
+
+
+# ---------------------------------------------------------------------------------------- events
+def budget_policy(models, settings: DecodeSettings):
+    """The calibrated auto-budget policy when the settings ask for it (a clear message when none fits)."""
+    return policy_for(models.target, models.drafter_name) if settings.auto_budget else None
+
+
+def _ensure_decoder(session: Session, controls: Controls, force: bool = False) -> str | None:
+    """Make the session's decoder match the controls; returns a note when it (re)started."""
+    if not force and session.decoder is not None and session.controls == controls:
+        return None
+    target = session.models.target
+    settings = controls.settings()
+    decoder = Decoder(target, session.models.drafter, target.chat_ids(controls.prompt), settings,
+                      budget_policy(session.models, settings))
+    changed = session.decoder is not None and not force
+    session.decoder, session.controls = decoder, controls
+    session.marks, session.last_stage, session.round = [], None, RoundView()
+    if changed:
+        return "The settings or the prompt changed, so decoding started again from the prompt."
+    return None
+
+
+def _run_until(session: Session, stage: str, sentences: list, dirty: set):
+    """Step until a step of `stage` has run (or the generation ends)."""
+    dec = session.decoder
+    while dec.next_stage != "done":
+        ran = dec.next_stage
+        sentence, changed = step(session)
+        sentences.append(sentence)
+        dirty |= changed
+        if ran == stage:
+            return
+
+
+def act(session: Session, action: str, controls: Controls) -> dict:
+    """Run one button's worth of engine steps; returns the changed outputs by name (see panels.OUTPUTS).
+
+    Actions: draft, depth, prune, verify, commit (advance to and through that stage), step (exactly one
+    engine step: what Play does), round (finish the round; from its start or after verify, a whole
+    round), end (run to the end, then measure plain decoding), measure (time plain decoding) and reset.
+    """
+    sentences, dirty = [], set()
+    note = _ensure_decoder(session, controls, force=action == "reset")
+    if note:
+        sentences.append(note)
+        dirty |= set(panels.PANELS)
+    dec = session.decoder
+    if action == "reset":
+        session.message = ("Reset: a fresh generation for this prompt and these settings. Press Draft to start "
+                           "round 0, or Play to watch the stages go by.")
+        return panels.render(session, set(panels.PANELS))
+    if action == "measure":
+        ar = session.plain()
+        session.message = (f"Plain decoding of the same prompt: {ar['tokens']} tokens at {ar['tps']:.1f} tokens/s "
+                           "on this machine (now cached for this session).")
+        return panels.render(session, dirty | panels.SPEED)
+    if dec.next_stage == "done":
+        raise UserError("This generation has finished: press Reset, or change the prompt or a setting to start again.")
+    current = dec.next_stage
+    if action == "step":
+        sentence, changed = step(session)
+        sentences.append(sentence)
+        dirty |= changed
+    elif action == "end":
+        t0 = time.perf_counter()
+        while dec.next_stage != "done":
+            dirty |= step(session)[1]
+        ar = session.plain()
+        res = dec.result()
+        sentences.append(f"Ran to the end in {time.perf_counter() - t0:.1f} s: {res.new_tokens} tokens in {res.rounds} "
+                         f"rounds (τ = {res.tau:.2f} tokens per round) at {res.tokens_per_second:.1f} tokens/s; plain "
+                         f"decoding runs at {ar['tps']:.1f} tokens/s here. The panels show the last round.")
+        dirty |= panels.SPEED | {"timeline_fig", "text"}
+    elif action == "round":
+        if current == "commit":
+            _run_until(session, "commit", sentences, dirty)
+        if dec.next_stage != "done":
+            _run_until(session, "commit", sentences, dirty)
+        sentences = sentences[-2:]
+    elif action in STAGE_ORDER:
+        if current == "prefill":
+            sentence, changed = step(session)
+            sentences.append(sentence)
+            dirty |= changed
+            current = dec.next_stage
+        if action == "draft" and current not in ("draft", "commit", "done"):
+            raise UserError(f"Round {dec.round} is still being built (next stage: {current}): finish it with "
+                            "Next round, or press Reset.")
+        if current not in ("draft", "commit", "done") and STAGE_ORDER[action] < STAGE_ORDER[current]:
+            raise UserError(f"Round {dec.round} has already passed the {action} stage: its next stage is "
+                            f"{current}. Press {current.capitalize()} (or Next round) to go on.")
+        _run_until(session, action, sentences, dirty)
+        if len(sentences) > 3:
+            sentences = [f"({len(sentences) - 2} earlier steps ran first.)"] + sentences[-2:]
+    else:
+        raise UserError(f"unknown action {action!r}")
+    session.message = " ".join(sentences)
+    return panels.render(session, dirty)
+
+
+def event(session: Session, action: str, **values) -> dict:
+    """A stage button: control values by name in, the changed outputs by name out.
+
+    A `UserError` becomes the status line plus `WARNING` (the page shows it as a toast); the panels keep
+    what they showed."""
+    try:
+        return act(session, action, Controls.of(**values))
+    except UserError as exc:
+        return {"status": panels.status_line(f"⚠️ **{exc}**", session.decoder), WARNING: str(exc)}
+
+
+def canonical_session(models, controls: Controls | None = None) -> Session:
+    """The example every visitor sees on first load: the default prompt, one real round, plain decoding timed.
+
+    `DARTREE_EXAMPLE_TOKENS` overrides its max new tokens (the tests use a small value to start faster)."""
+    session = Session(models)
+    if controls is None:
+        tokens = int(os.environ.get("DARTREE_EXAMPLE_TOKENS", "0") or 0)
+        controls = default_controls(models, **({"max_new_tokens": tokens} if tokens > 0 else {}))
+    act(session, "round", controls)
+    session.plain()
+    session.message = (f"A first round on “{controls.prompt}” is already done, with every panel filled. Step through "
+                       "the next one with Draft → Next depth → Prune → Verify → Commit, or press Play.")
+    return session
+
+
+def export_trace(session: Session, fmt: str = "json") -> str:
+    """Write the records of the round on show to a file; returns its path."""
+    records = session.round.records
+    if not records:
+        raise UserError("No round to export yet: press Draft first.")
+    TRACE_DIR.mkdir(parents=True, exist_ok=True)
+    rnd, fmt = records[0].round, "csv" if fmt == "csv" else "json"
+    path = TRACE_DIR / f"dartree-round{rnd}-{int(time.time() * 1000)}-{threading.get_ident()}.{fmt}"
+    if fmt == "csv":
+        frames = [r.to_frame().assign(stage=r.stage, round=rnd) for r in records]
+        pd.concat(frames, ignore_index=True).to_csv(path, index=False)
+    else:
+        payload = {"settings": asdict(session.decoder.settings), "drafter": session.models.drafter_description,
+                   "prompt": session.controls.prompt, "round": rnd, "records": [r.to_dict() for r in records]}
+        path.write_text(json.dumps(payload, indent=1, default=str))
+    return str(path)
