@@ -35,7 +35,7 @@ from types import SimpleNamespace
 import pytest
 
 from dartree.models import rows_kernel
-from dartree.ui.testing import free_port
+from dartree.ui.testing import free_port, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
@@ -320,7 +320,8 @@ def test_torch_comes_from_a_build_argument_cpu_by_default(instructions):
     """torch alone is installed from $TORCH_INDEX_URL (default: PyTorch's CPU index) at requirements.txt's pin;
     the requirements install after it takes torch's dependencies from PyPI. A GPU Space sets it to PyPI."""
     first_from = index_of(instructions, lambda i: i.keyword == "FROM", "FROM")
-    arg_at = index_of(instructions, lambda i: i.keyword == "ARG" and TORCH_ARG in dict(variables(i)), f"ARG {TORCH_ARG}")
+    arg_at = index_of(instructions, lambda i: i.keyword == "ARG" and TORCH_ARG in dict(variables(i)),
+                      f"ARG {TORCH_ARG}")
     assert arg_at > first_from, f"ARG {TORCH_ARG} before FROM is not visible to RUN"
     assert dict(variables(instructions[arg_at]))[TORCH_ARG] == TORCH_CPU_INDEX
     torch_installs = [c for c in pip_installs(instructions) if re.search(r"(^|\s)torch==", c)]
@@ -385,7 +386,7 @@ def test_readme_configures_a_docker_space_on_the_dockerfile_port(instructions):
     assert [meta.get("app_port")] == exposed == [final_env(instructions)["GRADIO_SERVER_PORT"]], (meta, exposed)
     gradio_only = {"sdk_version", "app_file", "python_version"} & set(meta)
     assert not gradio_only, f"fields only a Gradio or Streamlit Space reads: {sorted(gradio_only)}"
-    assert "Docker Space" in (REPO / "README.md").read_text(), "the README's Space lines should say it is a Docker Space"
+    assert "Docker Space" in (REPO / "README.md").read_text(), "the README's Space lines should say it is one"
 
 
 def test_dockerignore_keeps_local_state_out():
@@ -493,17 +494,12 @@ def serve_cmd(instructions, cwd: Path, env: dict, log_path: Path, timeout: float
                     time.sleep(1)
             raise AssertionError(f"CMD {cmd} did not answer within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
+            stop_server(proc)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("DARTREE_DOCKER_REPLAY") != "1" and not IN_CI,
-                    reason="installs the requirements into a fresh venv (minutes): set DARTREE_DOCKER_REPLAY=1 (or CI=true)")
+                    reason="installs the requirements into a fresh venv (minutes): DARTREE_DOCKER_REPLAY=1 or CI=true")
 def test_replay_build_steps(instructions, tmp_path):
     """Replay ARG/COPY/ENV/WORKDIR/RUN in order, /home/user -> tmp; load and run the converted model; serve CMD."""
     root = tmp_path / "root"
@@ -596,8 +592,9 @@ def test_replay_build_steps(instructions, tmp_path):
     venv = Path(env["VIRTUAL_ENV"])
     sizes = subprocess.run(["du", "-sk", str(venv), *map(str, venv.glob("lib/python*/site-packages/torch"))],
                            capture_output=True, text=True, check=True).stdout.split()[::2]
+    venv_mib, torch_mib = int(sizes[0]) / 1024, int(sizes[-1]) / 1024
     print(f"replayed {len(replayed)} RUN steps, skipped {skipped}; {out.stdout.strip()}; {TORCH_ARG}="
-          f"{env.get(TORCH_ARG)}; du -sk: the venv {int(sizes[0]) / 1024:.0f} MiB, torch {int(sizes[-1]) / 1024:.0f} MiB")
+          f"{env.get(TORCH_ARG)}; du -sk: the venv {venv_mib:.0f} MiB, torch {torch_mib:.0f} MiB")
 
     # The Space runs CMD: the page must answer with the worked example (the first round on the default prompt).
     from dartree.ui.app import DEFAULT_PROMPT  # deferred: gradio is only needed by this slow test
