@@ -590,9 +590,9 @@ def test_replay_build_steps(instructions, tmp_path):
     out = subprocess.run(["python", "-c", check], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0 and "OK" in out.stdout, f"{out.stdout}\n{out.stderr}\n--- replay log:\n" + "\n".join(log)
     venv = Path(env["VIRTUAL_ENV"])
-    sizes = subprocess.run(["du", "-sk", str(venv), *map(str, venv.glob("lib/python*/site-packages/torch"))],
-                           capture_output=True, text=True, check=True).stdout.split()[::2]
-    venv_mib, torch_mib = int(sizes[0]) / 1024, int(sizes[-1]) / 1024
+    venv_mib, torch_mib = (int(subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True,
+                                              check=True).stdout.split()[0]) / 1024  # one du each: du counts once
+                           for path in (venv, *venv.glob("lib/python*/site-packages/torch")))
     print(f"replayed {len(replayed)} RUN steps, skipped {skipped}; {out.stdout.strip()}; {TORCH_ARG}="
           f"{env.get(TORCH_ARG)}; du -sk: the venv {venv_mib:.0f} MiB, torch {torch_mib:.0f} MiB")
 
