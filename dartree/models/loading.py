@@ -11,6 +11,7 @@ A named checkpoint that is missing or corrupt is an error, never a silent switch
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 from ..errors import UserError
 from .drafter import DominoDrafter, build_target_layer_ids, make_config
 from .packed import use_packed_linears
-from .rows_kernel import route_like_target, use_rows_kernel
+from .rows_kernel import describe_linear_path, route_like_target, use_rows_kernel
 from .target import EMBEDDED_NAME, Target, load_target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +101,8 @@ def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: s
             # CPU fp32 linears: the row-streaming kernel where it builds, else MKL's packed GEMM
             tgt.rows_kernel = use_rows_kernel(tgt.model)
             tgt.packed_weights = None if tgt.rows_kernel else use_packed_linears(tgt.model)
+            if tgt.device.type == "cpu":  # stderr: the CLI's --json output stays clean
+                print(f"[dartree] {describe_linear_path(tgt)}", file=sys.stderr, flush=True)
         _LOADED[tgt_key] = tgt
         model, description = load_drafter(drafter, tgt)
         if model is not None:

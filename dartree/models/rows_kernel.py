@@ -209,3 +209,13 @@ def route_like_target(module: torch.nn.Module, target, skip: tuple[str, ...] = (
         use_rows_kernel(module, skip)
     elif getattr(target, "packed_weights", None) is not None:
         use_packed_linears(module, target.packed_weights, skip)
+
+
+def describe_linear_path(target) -> str:
+    """One line for the start-up log: the CPU linear path `load_models` chose for `target`, and why."""
+    if getattr(target, "rows_kernel", False):
+        return "CPU linears: the row kernel (rows_linear.c)"
+    why = rows_kernel_status().splitlines()[0]
+    if getattr(target, "packed_weights", None) is not None:
+        return f"CPU linears: MKL packs, the fallback (no row kernel: {why})"
+    return f"CPU linears: F.linear (no row kernel: {why}; MKL packs unavailable or switched off)"
