@@ -35,6 +35,7 @@ from types import SimpleNamespace
 import pytest
 
 from dartree.models import rows_kernel
+from dartree.ui.session import DEFAULT_PROMPT
 from dartree.ui.testing import free_port, stop_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -597,7 +598,6 @@ def test_replay_build_steps(instructions, tmp_path):
           f"{env.get(TORCH_ARG)}; du -sk: the venv {venv_mib:.0f} MiB, torch {torch_mib:.0f} MiB")
 
     # The Space runs CMD: the page must answer with the worked example (the first round on the default prompt).
-    from dartree.ui.app import DEFAULT_PROMPT  # deferred: gradio is only needed by this slow test
 
     server_log = tmp_path / "cmd.log"
     page = serve_cmd(instructions, workdir, env, server_log)
