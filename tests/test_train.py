@@ -10,7 +10,7 @@ import torch
 
 from dartree.models.drafter import DominoDrafter, make_config
 from dartree.models.target import Target
-from dartree.train import datagen
+from dartree.train import datagen, stream
 from dartree.train.evaluate import evaluate_chain, write_card
 from dartree.train.trainer import (SeqStore, TrainConfig, build_batch, drafter_logits, init_from_target,
                                    load_checkpoint, save_checkpoint, split_heldout, train)
@@ -54,7 +54,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def generated(target):
-    return datagen.generate_batch(target, random_prompts(24), 24, LAYERS)
+    return stream.generate_batch(target, random_prompts(24), 24, LAYERS)
 
 
 def store_of(gen) -> SeqStore:
@@ -67,17 +67,17 @@ def store_of(gen) -> SeqStore:
 # ---------------------------------------------------------------------------------------------- data
 def test_batched_generation_equals_unbatched_and_is_deterministic(target, generated):
     prompts = random_prompts(24)
-    again = datagen.generate_batch(target, prompts, 24, LAYERS)
+    again = stream.generate_batch(target, prompts, 24, LAYERS)
     assert [g.ids for g in again] == [g.ids for g in generated]
     # continuous batching: 5 slots refilled as rows finish
-    streamed = datagen.generate_batch(target, prompts, 24, LAYERS, batch_size=5)
+    streamed = stream.generate_batch(target, prompts, 24, LAYERS, batch_size=5)
     assert [g.ids for g in streamed] == [g.ids for g in generated]
     for g, s in zip(generated, streamed):
         np.testing.assert_allclose(s.features.astype(np.float32), g.features.astype(np.float32), rtol=1e-2, atol=1e-2)
     lengths = {len(g.ids) - g.prompt_len for g in generated}
     assert len(lengths) > 2, "rows should finish at different steps (exercises batch compaction)"
     for p, g in zip(prompts, generated):
-        single = datagen.generate_batch(target, [p], 24, LAYERS)[0]
+        single = stream.generate_batch(target, [p], 24, LAYERS)[0]
         assert single.ids == g.ids
         assert g.ids[:len(p)] == p and g.prompt_len == len(p)
         assert g.features.shape == (len(g.ids) - 1, 2 * 32)
@@ -89,7 +89,7 @@ def test_batched_generation_equals_unbatched_and_is_deterministic(target, genera
 
 
 def test_saved_features_equal_teacher_forced_recompute(target, generated):
-    recomputed = datagen.recompute_features(target, [g.ids for g in generated], LAYERS, batch_size=5)
+    recomputed = stream.recompute_features(target, [g.ids for g in generated], LAYERS, batch_size=5)
     for g, r in zip(generated, recomputed):
         assert r.shape == g.features.shape
         np.testing.assert_allclose(r.astype(np.float32), g.features.astype(np.float32), rtol=1e-2, atol=1e-2)
@@ -98,14 +98,14 @@ def test_saved_features_equal_teacher_forced_recompute(target, generated):
 def test_shards_are_resumable_and_deterministic(target, tmp_path):
     prompts = random_prompts(10, seed=3)
     prompts[4] = None  # a skipped (empty) prompt
-    kw = dict(shard_size=4, batch_size=3, max_new_tokens=12, feature_layers=LAYERS, progress=False, log=lambda *a: None)
+    kw = dict(batch_size=3, max_new_tokens=12, feature_layers=LAYERS, progress=False, log=lambda *a: None)
     tok, feat = tmp_path / "tok", tmp_path / "feat"
-    stats = datagen.generate_shards(target, prompts, tok_dir=tok, feat_dir=feat, **kw)
+    stats = datagen.generate_shards(target, datagen.PromptList(prompts, 4), tok_dir=tok, feat_dir=feat, **kw)
     assert stats["shards"] == 3 and stats["sequences"] == 9
     first = {k: datagen.read_tokens(datagen.tokens_path(tok, k)) for k in range(3)}
     assert first[1]["prompt_index"].tolist() == [5, 6, 7]
     datagen.tokens_path(tok, 1).unlink()
-    stats = datagen.generate_shards(target, prompts, tok_dir=tok, feat_dir=feat, **kw)
+    stats = datagen.generate_shards(target, datagen.PromptList(prompts, 4), tok_dir=tok, feat_dir=feat, **kw)
     assert stats["shards"] == 1  # the others were skipped
     again = datagen.read_tokens(datagen.tokens_path(tok, 1))
     for key in first[1]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .datagen import REPO_ROOT, add_datagen_arguments, features_dir, run_datagen, tokens_dir
+from .datagen import REPO_ROOT, features_dir, tokens_dir
+from .datastage import add_datagen_arguments, run_datagen
 from .presets import get_preset
 
 DEFAULT_EXPORT = {"smollm2-cpu": REPO_ROOT / "assets" / "drafter-smollm2"}
