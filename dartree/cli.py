@@ -266,7 +266,7 @@ def cmd_sweep(args) -> int:
         write_plot(results, args.plot)
         print(f"[dartree] wrote {args.plot}", file=sys.stderr)
     if args.card:
-        from .train.evaluate import replace_card_section
+        from .train.card import replace_card_section
 
         replace_card_section(Path(args.card), "Tree τ on dev prompts", card_section(results))
         print(f"[dartree] updated {args.card}", file=sys.stderr)

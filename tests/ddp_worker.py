@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_train import random_prompts, store_of, tiny_drafter, tiny_target  # noqa: E402
 
-from dartree.train import datagen  # noqa: E402
+from dartree.train import stream  # noqa: E402
 from dartree.train.distributed import DistContext  # noqa: E402
 from dartree.train.trainer import TrainConfig, split_heldout, train  # noqa: E402
 
@@ -18,7 +18,7 @@ def main(out: Path) -> None:
     torch.set_num_threads(1)
     dist = DistContext.from_env("cpu")
     target = tiny_target()
-    store = store_of(datagen.generate_batch(target, random_prompts(12), 16, (0, 1)))
+    store = store_of(stream.generate_batch(target, random_prompts(12), 16, (0, 1)))
     train_ids, held = split_heldout(store, 2)
     drafter = tiny_drafter()
     cfg = TrainConfig(steps=2, lr=3e-3, warmup_steps=1, seqs_per_step=2, anchors_per_seq=4, eval_every=2,

@@ -10,10 +10,14 @@ import torch
 
 from dartree.models.drafter import DominoDrafter, make_config
 from dartree.models.target import Target
-from dartree.train import datagen
-from dartree.train.evaluate import evaluate_chain, write_card
-from dartree.train.trainer import (SeqStore, TrainConfig, build_batch, drafter_logits, init_from_target,
-                                   load_checkpoint, save_checkpoint, split_heldout, train)
+from dartree.train import datagen, stream
+from dartree.train.batch import build_batch, drafter_logits
+from dartree.train.card import KEPT_CARD_SECTIONS, history_section, read_card_sections, replace_card_section, write_card
+from dartree.train.cli import _drafter_spec, _train_config, add_train_arguments
+from dartree.train.evaluate import evaluate_chain
+from dartree.train.presets import get_preset
+from dartree.train.trainer import (AnchorSampler, SeqStore, TrainConfig, draft_vocab_from_data, init_from_target, load_checkpoint,
+                                   save_checkpoint, split_heldout, train)
 
 VOCAB = 64
 EOS = (5, 17, 40)  # several stop ids, so rows finish at different steps and the batch gets compacted
@@ -54,7 +58,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def generated(target):
-    return datagen.generate_batch(target, random_prompts(24), 24, LAYERS)
+    return stream.generate_batch(target, random_prompts(24), 24, LAYERS)
 
 
 def store_of(gen) -> SeqStore:
@@ -67,17 +71,17 @@ def store_of(gen) -> SeqStore:
 # ---------------------------------------------------------------------------------------------- data
 def test_batched_generation_equals_unbatched_and_is_deterministic(target, generated):
     prompts = random_prompts(24)
-    again = datagen.generate_batch(target, prompts, 24, LAYERS)
+    again = stream.generate_batch(target, prompts, 24, LAYERS)
     assert [g.ids for g in again] == [g.ids for g in generated]
     # continuous batching: 5 slots refilled as rows finish
-    streamed = datagen.generate_batch(target, prompts, 24, LAYERS, batch_size=5)
+    streamed = stream.generate_batch(target, prompts, 24, LAYERS, batch_size=5)
     assert [g.ids for g in streamed] == [g.ids for g in generated]
     for g, s in zip(generated, streamed):
         np.testing.assert_allclose(s.features.astype(np.float32), g.features.astype(np.float32), rtol=1e-2, atol=1e-2)
     lengths = {len(g.ids) - g.prompt_len for g in generated}
     assert len(lengths) > 2, "rows should finish at different steps (exercises batch compaction)"
     for p, g in zip(prompts, generated):
-        single = datagen.generate_batch(target, [p], 24, LAYERS)[0]
+        single = stream.generate_batch(target, [p], 24, LAYERS)[0]
         assert single.ids == g.ids
         assert g.ids[:len(p)] == p and g.prompt_len == len(p)
         assert g.features.shape == (len(g.ids) - 1, 2 * 32)
@@ -89,7 +93,7 @@ def test_batched_generation_equals_unbatched_and_is_deterministic(target, genera
 
 
 def test_saved_features_equal_teacher_forced_recompute(target, generated):
-    recomputed = datagen.recompute_features(target, [g.ids for g in generated], LAYERS, batch_size=5)
+    recomputed = stream.recompute_features(target, [g.ids for g in generated], LAYERS, batch_size=5)
     for g, r in zip(generated, recomputed):
         assert r.shape == g.features.shape
         np.testing.assert_allclose(r.astype(np.float32), g.features.astype(np.float32), rtol=1e-2, atol=1e-2)
@@ -98,14 +102,14 @@ def test_saved_features_equal_teacher_forced_recompute(target, generated):
 def test_shards_are_resumable_and_deterministic(target, tmp_path):
     prompts = random_prompts(10, seed=3)
     prompts[4] = None  # a skipped (empty) prompt
-    kw = dict(shard_size=4, batch_size=3, max_new_tokens=12, feature_layers=LAYERS, progress=False, log=lambda *a: None)
+    kw = dict(batch_size=3, max_new_tokens=12, feature_layers=LAYERS, progress=False, log=lambda *a: None)
     tok, feat = tmp_path / "tok", tmp_path / "feat"
-    stats = datagen.generate_shards(target, prompts, tok_dir=tok, feat_dir=feat, **kw)
+    stats = datagen.generate_shards(target, datagen.PromptList(prompts, 4), tok_dir=tok, feat_dir=feat, **kw)
     assert stats["shards"] == 3 and stats["sequences"] == 9
     first = {k: datagen.read_tokens(datagen.tokens_path(tok, k)) for k in range(3)}
     assert first[1]["prompt_index"].tolist() == [5, 6, 7]
     datagen.tokens_path(tok, 1).unlink()
-    stats = datagen.generate_shards(target, prompts, tok_dir=tok, feat_dir=feat, **kw)
+    stats = datagen.generate_shards(target, datagen.PromptList(prompts, 4), tok_dir=tok, feat_dir=feat, **kw)
     assert stats["shards"] == 1  # the others were skipped
     again = datagen.read_tokens(datagen.tokens_path(tok, 1))
     for key in first[1]:
@@ -181,11 +185,40 @@ def test_draft_vocab_from_data_takes_the_most_frequent_training_tokens():
     store.add([9, 9, 3, 3, 3, 7, 7, 2], 2, np.zeros((7, 4), np.float16))  # prompt [9, 9] is not counted
     store.add([1, 2, 3, 4], 1, np.zeros((3, 4), np.float16))
     store.add([8, 8, 8, 8, 8], 1, np.zeros((4, 4), np.float16))  # held out: not counted
-    from dartree.train.trainer import draft_vocab_from_data
-
     # responses of 0 and 1: 3 x4, 7 x2, 2 x2, 4 x1 -> top 3 = {3, 2, 7} (2 before 7 on the tie), + forced 5
     assert draft_vocab_from_data(store, [0, 1], 4, always=[5]).tolist() == [2, 3, 5, 7]
     assert draft_vocab_from_data(store, [0, 1], 2).tolist() == [2, 3]
+
+def test_anchor_sampler_covers_long_positions_and_balances_them():
+    store = SeqStore()
+    for i in range(40):  # short: prompt 20 tokens, response up to position 199
+        store.add(np.zeros(200, np.int64), 20, np.zeros((199, 2), np.float16), i)
+    for i in range(10):  # long context: prompt 1500 tokens, response up to position 1699
+        store.add(np.zeros(1700, np.int64), 1500, np.zeros((1699, 2), np.float16), 40 + i)
+    ids = list(range(50))
+
+    def positions(sampler, steps=400):
+        rng = np.random.default_rng(0)
+        return np.concatenate([np.concatenate(sampler.sample(rng, 4, 8)[1]) for _ in range(steps)])
+
+    natural, balanced = positions(AnchorSampler(store, ids, 0.0)), positions(AnchorSampler(store, ids, 1.0))
+    long_share = 10 * 199 / (10 * 199 + 40 * 179)  # anchors: response positions with a label after them
+    assert abs((natural >= 1500).mean() - long_share) < 0.02
+    assert abs((balanced >= 1500).mean() - 0.5) < 0.04  # two buckets (<256, 1024-2047), equal shares
+    for pos in (natural, balanced):
+        assert pos.min() >= 20 and pos.max() <= 1698 and not ((pos >= 199) & (pos < 1500)).any()
+    assert balanced.max() >= 1690 and balanced[balanced < 1500].min() <= 22  # both ends of the range are drawn
+
+    # balance 0 is the first preset's sampler, draw for draw (its runs stay reproducible)
+    rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
+    weights = np.array([len(store.anchors(i)) for i in ids], dtype=np.float64)
+    for _ in range(5):
+        seqs, anchors = AnchorSampler(store, ids).sample(rng_a, 4, 8)
+        pick = rng_b.choice(len(ids), size=4, replace=False, p=weights / weights.sum())
+        assert seqs == [ids[j] for j in pick]
+        for i, a in zip(seqs, anchors):
+            assert np.array_equal(a, np.sort(rng_b.choice(store.anchors(i), size=8, replace=False)))
+
 
 @pytest.mark.parametrize("draft_vocab_size", [0, 40])
 def test_checkpoint_round_trip_is_exact(target, generated, tmp_path, draft_vocab_size):
@@ -255,16 +288,13 @@ def test_card_is_written(target, generated, tmp_path):
 def test_cli_arguments_reach_the_configs():
     import argparse
 
-    from dartree.train.cli import _drafter_spec, _train_config, add_train_arguments
-    from dartree.train.presets import get_preset
-
     p = argparse.ArgumentParser()
     add_train_arguments(p)
     args = p.parse_args(["--preset", "smollm2-cpu", "--stage", "train", "--steps", "7", "--init", "random",
-                         "--autocast", "off", "--drafter-layers", "3"])
+                         "--autocast", "off", "--drafter-layers", "3", "--anchor-balance", "0.5"])
     preset = get_preset(args.preset)
     cfg = _train_config(preset, args)
-    assert (cfg.steps, cfg.init, cfg.autocast) == (7, "random", "off")
+    assert (cfg.steps, cfg.init, cfg.autocast, cfg.anchor_balance) == (7, "random", "off", 0.5)
     assert _drafter_spec(preset, args)["num_layers"] == 3
     assert preset["drafter"]["target_layer_ids"] == [1, 8, 14, 20, 27]
     assert preset["drafter"]["mask_token_id"] == 16 and preset["drafter"]["block_size"] == 8
@@ -282,8 +312,6 @@ def test_stop_at_ends_early_on_the_full_schedule(target, generated):
 
 
 def test_resumed_legs_are_recorded_and_rendered_in_the_card(target, generated, tmp_path):
-    from dartree.train.evaluate import KEPT_CARD_SECTIONS, history_section, read_card_sections, replace_card_section
-
     store = store_of(generated)
     train_ids, held = split_heldout(store, 0)
     quiet = dict(log=lambda *a: None)

@@ -15,8 +15,17 @@ from pathlib import Path
 
 import torch
 
-from .datagen import REPO_ROOT, add_datagen_arguments, features_dir, run_datagen, tokens_dir
+from ..models.drafter import DominoDrafter
+from ..models.target import load_target
+from .card import (KEPT_CARD_SECTIONS, git_commit, history_section, read_card_sections, replace_card_section,
+                   training_curve_section, write_card)
+from .datagen import REPO_ROOT, features_dir, tokens_dir
+from .datastage import add_datagen_arguments, run_datagen
+from .distributed import DistContext
+from .evaluate import evaluate_chain, format_eval
 from .presets import get_preset
+from .trainer import (SeqStore, TrainConfig, drafter_from_preset, export, split_heldout, summarize, train,
+                      write_json)
 
 DEFAULT_EXPORT = {"smollm2-cpu": REPO_ROOT / "assets" / "drafter-smollm2"}
 
@@ -36,6 +45,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--seqs-per-step", type=int, default=None)
     g.add_argument("--anchors-per-seq", type=int, default=None)
+    g.add_argument("--anchor-balance", type=float, default=None,
+                   help="0: anchors uniform over the data; 1: every position bucket (<256, 256-511, 512-1023, ...) alike")
     g.add_argument("--warmup-steps", type=int, default=None)
     g.add_argument("--gamma", type=float, default=None)
     g.add_argument("--eval-every", type=int, default=None)
@@ -61,10 +72,9 @@ def _command_line() -> str:
 
 
 def _train_config(preset: dict, args):
-    from .trainer import TrainConfig
-
     d = dict(preset["train"])
-    for key in ("steps", "lr", "seqs_per_step", "anchors_per_seq", "warmup_steps", "gamma", "eval_every",
+    for key in ("steps", "lr", "seqs_per_step", "anchors_per_seq", "anchor_balance", "warmup_steps", "gamma",
+                "eval_every",
                 "heldout_seqs", "init", "autocast", "seed", "stop_at"):
         v = getattr(args, key, None)
         if v is not None:
@@ -93,9 +103,6 @@ def run_train(args) -> dict:
 
 
 def _load(args, preset, device=None):
-    from ..models.target import load_target
-    from .trainer import SeqStore, split_heldout
-
     device = device or torch.device("cpu")
     # CPU: an fp32 target (autocast does the bf16 matmuls). CUDA: --dtype, bf16 by default.
     dtype = None if device.type == "cpu" else (getattr(args, "dtype", None) or "bf16")
@@ -109,12 +116,6 @@ def _load(args, preset, device=None):
 
 
 def _stage_train(args, preset) -> dict:
-    from .evaluate import (KEPT_CARD_SECTIONS, evaluate_chain, git_commit, history_section, read_card_sections,
-                           replace_card_section, training_curve_section, write_card)
-    from .trainer import drafter_from_preset, export, format_eval, summarize, train, write_json
-
-    from .distributed import DistContext
-
     t_start = time.time()
     dist = DistContext.from_env(getattr(args, "device", "cpu"))
     target, store, cfg, train_ids, heldout_ids = _load(args, preset, dist.device)
@@ -171,10 +172,6 @@ def _stage_train(args, preset) -> dict:
 
 
 def _stage_eval(args, preset) -> dict:
-    from ..models.drafter import DominoDrafter
-    from .evaluate import evaluate_chain
-    from .trainer import format_eval
-
     target, store, cfg, _, heldout_ids = _load(args, preset)
     folder = args.drafter or args.out or DEFAULT_EXPORT.get(args.preset)
     drafter = DominoDrafter.from_pretrained(folder)

@@ -14,8 +14,10 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import UserError
+from .batch import drafter_logits
 
 
 @dataclass
@@ -56,8 +58,6 @@ class DistContext:
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         if not self.distributed:
             return module
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(module, device_ids=ids)
 
@@ -83,6 +83,4 @@ class DrafterLoss(torch.nn.Module):
         object.__setattr__(self, "_target", target)
 
     def forward(self, batch):
-        from .trainer import drafter_logits
-
         return drafter_logits(self._target, self.drafter, batch)

@@ -1,14 +1,9 @@
 """Train the Domino drafter on saved target features (the target stays frozen).
 
-One training example is a *block*: an anchor position p inside a response. The drafter sees the
-projected target features of positions < p as context and the block [x_p, MASK x (K-1)] at positions
-p..p+K-1, and must predict x_{p+1..p+K-1}. That is exactly the situation at decode time, where the
-anchor is the last token the target committed and only the tokens before it have features.
-
-Many blocks of one sequence share one context: the context keys/values are built once per sequence and
-all its blocks are concatenated along the query axis, with an attention mask that lets block j see the
-context columns < p_j and its own K columns only (bidirectional inside the block). Sequences of a step
-are padded into a batch.
+One training example is a *block* (:mod:`.batch`): an anchor position p inside a response, the target's
+features of positions < p as context, and the K-1 tokens after p as labels. That is exactly the situation
+at decode time, where the anchor is the last token the target committed and only the tokens before it
+have features.
 
 Loss (per block position k = 1..K-1, weight w_k = exp(-(k-1)/gamma) because early positions decide how
 much of a draft is accepted):
@@ -30,10 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..models.drafter import DominoDrafter, make_config
 from ..models.target import Target
+from .batch import autocast, build_batch, position_weights, to_draft_labels, weighted_ce
+from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
+from .distributed import DistContext, DrafterLoss
+from .evaluate import evaluate_chain, format_eval
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -61,8 +59,6 @@ class SeqStore:
     def from_shards(cls, tok_dir: Path, feat_dir: Path, max_shards: int | None = None) -> "SeqStore":
         """Shards 0, 1, ... of the data stage (the first `max_shards` of them when given: data keeps
         growing across sessions, and a recorded run must still see exactly the data it trained on)."""
-        from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
-
         store = cls()
         shards = list_shards(tok_dir)
         for k in shards if max_shards is None else shards[:max_shards]:
@@ -117,117 +113,6 @@ def split_heldout(store: SeqStore, n_heldout: int) -> tuple[list[int], list[int]
     usable = [i for i in range(len(store)) if len(store.anchors(i)) > 0]
     usable.sort(key=lambda i: (store.prompt_index(i), i))
     return usable[n_heldout:], usable[:n_heldout]
-
-
-@dataclass
-class Batch:
-    ctx_features: torch.Tensor  # [b, S, L*h]
-    ctx_positions: torch.Tensor  # [b, S]
-    block_ids: torch.Tensor  # [b, A*K] anchor + MASKs
-    block_positions: torch.Tensor  # [b, A*K]
-    attn_mask: torch.Tensor  # [b, 1, A*K, S + A*K] bool
-    path_ids: torch.Tensor  # [b, A, K-1]: x_p .. x_{p+K-2} (GRU inputs)
-    labels: torch.Tensor  # [b, A, K-1]: x_{p+1} .. x_{p+K-1}
-    valid: torch.Tensor  # [b, A, K-1] bool
-
-    def to(self, device) -> "Batch":
-        return Batch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
-
-
-def build_batch(store: SeqStore, seq_ids: list[int], anchors: list[np.ndarray], block_size: int,
-                mask_token_id: int) -> Batch:
-    """Stack the blocks of several sequences (anchors[j] are sequence j's anchor positions)."""
-    K = block_size
-    b = len(seq_ids)
-    A = max(1, max(len(a) for a in anchors))
-    S = max(len(store.ids(i)) - 1 for i in seq_ids)
-    L = store.features(seq_ids[0]).shape[-1]
-    ctx = torch.zeros(b, S, L)
-    ctx_pos = torch.zeros(b, S, dtype=torch.long)
-    block_ids = torch.full((b, A * K), mask_token_id, dtype=torch.long)
-    block_pos = torch.zeros(b, A * K, dtype=torch.long)
-    mask = torch.zeros(b, 1, A * K, S + A * K, dtype=torch.bool)
-    path = torch.zeros(b, A, K - 1, dtype=torch.long)
-    labels = torch.zeros(b, A, K - 1, dtype=torch.long)
-    valid = torch.zeros(b, A, K - 1, dtype=torch.bool)
-    for r, (i, anc) in enumerate(zip(seq_ids, anchors)):
-        x = torch.from_numpy(store.ids(i))
-        n = len(x)
-        f = store.features(i)
-        ctx[r, :n - 1] = f
-        ctx_pos[r, :n - 1] = torch.arange(n - 1)
-        for j in range(A):
-            rows = slice(j * K, (j + 1) * K)
-            # Every block row sees its own block, so no query row is fully masked (padding blocks too).
-            mask[r, 0, rows, S + j * K:S + (j + 1) * K] = True
-            if j >= len(anc):
-                continue
-            p = int(anc[j])
-            block_ids[r, j * K] = x[p]
-            block_pos[r, rows] = torch.arange(p, p + K)
-            mask[r, 0, rows, :p] = True
-            m = min(K - 1, n - 1 - p)  # labels that exist
-            labels[r, j, :m] = x[p + 1:p + 1 + m]
-            path[r, j, :m] = x[p:p + m]
-            valid[r, j, :m] = True
-    return Batch(ctx, ctx_pos, block_ids, block_pos, mask, path, labels, valid)
-
-
-def drafter_logits(target: Target, drafter: DominoDrafter, batch: Batch):
-    """Base and corrected logits [b, A, K-1, V] of a batch (teacher-forced GRU states)."""
-    K = drafter.block_size
-    b, AK = batch.block_ids.shape
-    A = AK // K
-    with torch.no_grad():
-        block_emb = target.embed(batch.block_ids).float()
-        path_emb = target.embed(batch.path_ids.view(b * A, K - 1)).float()
-    ctx_kv = drafter.context_kv(batch.ctx_features, batch.ctx_positions)
-    mask = batch.attn_mask
-    h = drafter.block_hidden(block_emb, batch.block_positions, ctx_kv, attn_mask=mask)
-    z = h.view(b, A, K, -1)[:, :, 1:]  # slot 0 is the anchor
-    if z.dtype != target.dtype and not torch.is_autocast_enabled(z.device.type):
-        z = z.to(target.dtype)  # a bf16 target without autocast
-    base = drafter.base_logits(z, target)
-    corrected = None
-    if drafter.cfg.has_correction:
-        states = drafter.gru_scan(path_emb).view(b, A, K - 1, -1)
-        corr = drafter.correction(z, states)
-        prefix = drafter.cfg.pure_draft_prefix_len
-        if prefix > 0:
-            keep = (torch.arange(1, K, device=corr.device) > prefix).to(corr.dtype)
-            corr = corr * keep[:, None]
-        corrected = base + corr
-    return base, corrected
-
-
-def autocast(mode: str, device_type: str = "cpu"):
-    """bf16 autocast for the matmuls (the full-vocab logits dominate a step); weights stay fp32."""
-    if mode not in ("bf16", "off"):
-        raise ValueError(f"unknown autocast mode {mode!r}: bf16 or off")
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=mode == "bf16")
-
-
-def position_weights(K: int, gamma: float) -> torch.Tensor:
-    return torch.exp(-torch.arange(K - 1, dtype=torch.float32) / gamma)
-
-
-def to_draft_labels(drafter: DominoDrafter, batch: Batch) -> Batch:
-    """Labels as columns of the drafter's logits. With a draft vocabulary, a label outside it can never be
-    drafted: it becomes column -1, which `weighted_ce` skips and the evaluation counts as a miss."""
-    if drafter.draft_vocab is None:
-        return batch
-    from dataclasses import replace
-
-    return replace(batch, labels=drafter.to_draft_columns(batch.labels))
-
-
-def weighted_ce(logits: torch.Tensor, batch: Batch, weights: torch.Tensor) -> torch.Tensor:
-    """Position-weighted cross-entropy over valid labels (labels of -1, outside a draft vocabulary, skipped)."""
-    valid = batch.valid & (batch.labels >= 0)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.clamp(min=0).reshape(-1),
-                         reduction="none").view(batch.labels.shape)
-    w = weights.view(1, 1, -1) * valid
-    return (ce * w).sum() / w.sum().clamp(min=1e-9)
 
 
 def draft_vocab_from_data(store: "SeqStore", seq_ids: list[int], size: int, always=()) -> np.ndarray:
@@ -285,6 +170,7 @@ class TrainConfig:
     min_lr_frac: float = 0.1
     seqs_per_step: int = 4
     anchors_per_seq: int = 16
+    anchor_balance: float = 0.0  # 0: anchors uniform over the data; > 0: long positions drawn more (AnchorSampler)
     gamma: float = 4.0
     base_weight_steps_frac: float = 1.0  # w_base goes 1 -> 0 linearly over this share of the steps
     grad_clip: float = 1.0
@@ -354,17 +240,43 @@ def load_checkpoint(path: Path, drafter, opt=None, sched=None, rng: np.random.Ge
     return state
 
 
-def sample_step(store: SeqStore, train_ids: list[int], rng: np.random.Generator, cfg: TrainConfig):
-    """Sequences with probability proportional to their number of anchors (every block counts the same)."""
-    weights = np.array([len(store.anchors(i)) for i in train_ids], dtype=np.float64)
-    pick = rng.choice(len(train_ids), size=cfg.seqs_per_step, replace=len(train_ids) < cfg.seqs_per_step,
-                      p=weights / weights.sum())
-    seqs = [train_ids[j] for j in pick]
-    anchors = []
-    for i in seqs:
-        a = store.anchors(i)
-        anchors.append(np.sort(rng.choice(a, size=min(cfg.anchors_per_seq, len(a)), replace=False)))
-    return seqs, anchors
+def position_bucket(positions: np.ndarray) -> np.ndarray:
+    """0 for positions below 256, then one bucket per doubling: 256-511 -> 1, 512-1023 -> 2, ..."""
+    return np.floor(np.log2(np.maximum(positions, 128) / 128)).astype(np.int64)
+
+
+class AnchorSampler:
+    """Picks a step's sequences and their block anchors (response positions, where the drafter drafts).
+
+    `balance` 0: every anchor of the training set is equally likely (a sequence in proportion to its
+    anchors; the first preset's sampler). `balance` b > 0: an anchor in position bucket j weighs
+    count_j ** -b, so the rare long positions of long-context data are drawn more often; b = 1 gives every
+    bucket the same share. Either way every response position of the data can be drawn, so training
+    covers the positions inference drafts at, up to the longest prompt plus its response.
+    """
+
+    def __init__(self, store: SeqStore, train_ids: list[int], balance: float = 0.0):
+        self.store, self.ids = store, list(train_ids)
+        anchors = [store.anchors(i) for i in self.ids]
+        if balance:
+            buckets = [position_bucket(a) for a in anchors]
+            counts = np.bincount(np.concatenate(buckets)).astype(np.float64)
+            weight = np.where(counts > 0, np.maximum(counts, 1) ** -balance, 0.0)
+            self.anchor_w: list[np.ndarray] | None = [weight[b] for b in buckets]
+            seq_w = np.array([w.sum() for w in self.anchor_w])
+        else:
+            self.anchor_w = None
+            seq_w = np.array([len(a) for a in anchors], dtype=np.float64)
+        self.seq_p = seq_w / seq_w.sum()
+
+    def sample(self, rng: np.random.Generator, n_seqs: int, n_anchors: int) -> tuple[list[int], list[np.ndarray]]:
+        pick = rng.choice(len(self.ids), size=n_seqs, replace=len(self.ids) < n_seqs, p=self.seq_p)
+        anchors = []
+        for j in pick:
+            a = self.store.anchors(self.ids[j])
+            p = None if self.anchor_w is None else self.anchor_w[j] / self.anchor_w[j].sum()
+            anchors.append(np.sort(rng.choice(a, size=min(n_anchors, len(a)), replace=False, p=p)))
+        return [self.ids[j] for j in pick], anchors
 
 
 def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: list[int], heldout_ids: list[int],
@@ -379,9 +291,6 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
     `dist` (a DistContext) runs it data-parallel: rank r samples with seed + r, DDP averages the
     gradients, and only rank 0 logs, evaluates and checkpoints.
     """
-    from .distributed import DistContext, DrafterLoss
-    from .evaluate import evaluate_chain
-
     dist = dist or DistContext()
     for p in target.model.parameters():
         p.requires_grad_(False)
@@ -412,11 +321,12 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
         history.setdefault("phases", []).append({**phase, "from_step": step, "to_step": step})
     K = drafter.block_size
     weights = position_weights(K, cfg.gamma).to(device)
+    sampler = AnchorSampler(store, train_ids, cfg.anchor_balance)
     t0 = time.time() - history["seconds"]
     window: list[tuple[float, float, float]] = []
     end = min(cfg.steps, cfg.stop_at or cfg.steps)
     while step < end:
-        seqs, anchors = sample_step(store, train_ids, rng, cfg)
+        seqs, anchors = sampler.sample(rng, cfg.seqs_per_step, cfg.anchors_per_seq)
         batch = to_draft_labels(drafter, build_batch(store, seqs, anchors, K, drafter.cfg.mask_token_id).to(device))
         with autocast(cfg.autocast, device.type):
             base, corrected = model(batch)
@@ -462,13 +372,6 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             save_checkpoint(ckpt_path, drafter, opt, sched, step, history, rng, cfg)
     drafter.eval()
     return history
-
-
-def format_eval(ev: dict) -> str:
-    b = " ".join(f"{a:.2f}" for a in ev["acc_base"])
-    c = " ".join(f"{a:.2f}" for a in ev["acc_corr"])
-    return (f"tau_chain base {ev['tau_base']:.2f} corr {ev['tau_corr']:.2f} | acc@k base [{b}] corr [{c}] "
-            f"| ce base {ev['ce_base']:.3f} corr {ev['ce_corr']:.3f} ({ev['blocks']} blocks)")
 
 
 def summarize(history: dict, last: int = 50) -> dict:
