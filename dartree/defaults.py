@@ -6,12 +6,12 @@ the sweep's best fixed budget was B = 8 for every tree method; dartree W = 4, B 
 decoding (per-prompt median 1.09x), its cost-aware budget (W = 2, the sweep's pick) at the same 1.12x
 but a per-prompt median of 1.03x, so the fixed budget is the default and `auto_budget` is off (it stays
 one click or `--budget auto` away). See README, "Speed on this CPU".
-CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64): a GPU verifies 64 tokens for little
-more than the cost of one.
+CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64, and the depth bonus -0.2 of its pruned
+runs): a GPU verifies 64 tokens for little more than the cost of one.
 """
 
-CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False}
-GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64}
+CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": 0.0}
+GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
 
 
 def default_shape(device_type: str) -> dict:
