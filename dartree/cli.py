@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--methods", default="ar,chain,ddtree,dartree-fixed,dartree")
     sw.add_argument("--budgets", type=_int_list, default=[8, 16, 24, 32, 48, 64])
     sw.add_argument("--widths", type=_int_list, default=[2, 4, 8, 12])
+    sw.add_argument("--configs", default=None,
+                    help="exact configs instead of the grid, e.g. 'dartree:W=4:B=8:bonus=0,dartree:W=4:B=8:bonus=-0.2'")
     sw.add_argument("--calibrate-out", default=None,
                     help="also calibrate --budget auto on train prompts and write the policy here (then replay B=auto)")
     sw.add_argument("--calibrate-prompts", type=int, default=12,
