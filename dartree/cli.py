@@ -45,8 +45,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="'default' (shipped for the embedded target), 'random' (untrained), a folder or a HF id")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto",
-                   help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16; fp32 is the exact mode (tokens identical "
-                        "to plain decoding at T = 0), 16-bit rounding can flip near-ties")
+                   help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16; fp32 is the exact mode (tokens "
+                        "identical to plain decoding at T = 0), 16-bit rounding can flip near-ties")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 
 

@@ -6,8 +6,8 @@ than the whole prefix being re-projected every round.
 
 `draft_block` runs the block [anchor, MASK, ...] once and returns, per depth, the top-C candidates by
 base logit (the marginals a DFlash drafter gives) plus the hidden rows the correction head needs (the
-drafter's `draft_rows` say which block row drafts which depth). `PathCorrector` exposes the head to the tree builders: GRU states along paths and the
-logit residual restricted to the candidate columns.
+drafter's `draft_rows` say which block row drafts which depth). `PathCorrector` exposes the head to the
+tree builders: GRU states along paths and the logit residual restricted to the candidate columns.
 """
 
 from __future__ import annotations

@@ -206,7 +206,8 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
         tau = committed / rounds if rounds else 0.0
         tps = committed / seconds if seconds else 0.0
         rows.append({"method": cfg.method, "width": cfg.width, "budget": budget,
-                     "depth_bonus": s.depth_bonus if cfg.method == "dartree" else None, "tau": tau, "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
+                     "depth_bonus": s.depth_bonus if cfg.method == "dartree" else None, "tau": tau,
+                     "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
                      "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
                      "rounds": rounds})
     bar.close()

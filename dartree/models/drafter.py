@@ -3,8 +3,9 @@
 Checkpoint layout (the public one, so `Huang2020/Qwen3-4B-Domino-b16` loads through this same code):
 ``config.json`` is a Qwen3-style config with ``block_size``, ``num_target_layers`` and a ``dflash_config``
 (``target_layer_ids``, ``mask_token_id``, ``projector_type: "domino"``, ``emb_dim``, ``gru_hidden_dim``,
-``pure_draft_prefix_len``, ``shift_label``); weights are safetensors named ``layers.*``, ``fc``, ``hidden_norm``, ``norm``,
-``prefix_gru`` (one layer, no bias) and ``embed_proj.0`` / ``embed_proj.2``.
+``pure_draft_prefix_len``, ``shift_label``; see dartree.models.drafter_config); weights are safetensors named
+``layers.*``, ``fc``, ``hidden_norm``, ``norm``, ``prefix_gru`` (one layer, no bias) and ``embed_proj.0`` /
+``embed_proj.2``.
 
 Backbone: the target's hidden states at ``target_layer_ids`` are concatenated, projected by ``fc`` and
 normalised by ``hidden_norm``; every drafter layer turns them into context keys and values. The block
