@@ -2,8 +2,9 @@
 
 Machines are noisy, so the benchmark never compares runs made minutes apart: for each prompt it runs
 every configuration back to back (after a warm-up), and reports, per configuration, tokens per second
-over the same prompts and its ratio to plain decoding. At T = 0 it also checks that every method's
-output equals plain decoding in the same run.
+over the same prompts and its ratio to plain decoding. It also counts the runs whose output equals plain
+decoding in the same run, in every dtype, and records the dtype: in fp32 at T = 0 that is every run (the
+lossless claim); in bf16 tree verification and one-token decoding round differently, so near-ties can flip.
 
 `cost_curve` measures what bounds the speedup: t_verify(N), the cost of one target forward over N
 new tokens on a cached prefix, and t_draft, the cost of one drafter pass.
@@ -35,6 +36,7 @@ class BenchConfig:
     method: str
     width: int | None
     budget: int | str | None  # "auto": dartree's cost-aware budget
+    depth_bonus: float | None = None  # None: the base settings' (dartree's top-B cut)
 
     @property
     def label(self) -> str:
@@ -43,6 +45,8 @@ class BenchConfig:
             parts.append(f"W={self.width}")
         if self.budget is not None:
             parts.append(f"B={self.budget}")
+        if self.depth_bonus is not None:
+            parts.append(f"bonus={self.depth_bonus:g}")
         return " ".join(parts)
 
     @property
@@ -57,11 +61,13 @@ class BenchConfig:
             s = replace(s, budget=AUTO_BUDGET_CAP, auto_budget=True)
         elif self.budget is not None:
             s = replace(s, budget=self.budget)
+        if self.depth_bonus is not None:
+            s = replace(s, depth_bonus=self.depth_bonus)
         return s
 
 
 def parse_configs(text: str) -> list[BenchConfig]:
-    """`ar,chain,ddtree:B=32,dartree:W=8:B=32,dartree:W=8:B=auto` -> configs (ar always first)."""
+    """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2,dartree:W=8:B=auto` -> configs (ar always first)."""
     from . import METHODS
 
     configs = [BenchConfig("ar", None, None)]
@@ -74,13 +80,14 @@ def parse_configs(text: str) -> list[BenchConfig]:
         values = {}
         for knob in knobs:
             key, _, value = knob.partition("=")
-            if key not in ("W", "B") or not value:
-                raise UserError(f"--configs item {item!r}: knobs are W=<int> and B=<int or auto>")
+            if key not in ("W", "B", "bonus") or not value:
+                raise UserError(f"--configs item {item!r}: knobs are W=<int>, B=<int or auto> and bonus=<float>")
             try:
-                values[key] = value if (key == "B" and value == "auto") else int(value)
+                values[key] = value if (key == "B" and value == "auto") else (float if key == "bonus" else int)(value)
             except ValueError:
-                raise UserError(f"--configs item {item!r}: {key} must be an integer") from None
-        configs.append(BenchConfig(method, values.get("W"), values.get("B")))
+                kind = "a number" if key == "bonus" else "an integer"
+                raise UserError(f"--configs item {item!r}: {key} must be {kind}") from None
+        configs.append(BenchConfig(method, values.get("W"), values.get("B"), values.get("bonus")))
     return configs
 
 
@@ -147,6 +154,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         rounds = sum(r.rounds for r in runs)
         rows.append({
             "method": cfg.method, "width": cfg.width, "budget": cfg.budget,
+            "depth_bonus": cfg.settings(base).depth_bonus if cfg.method == "dartree" else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
             "median_speedup": statistics.median(per_prompt),
@@ -160,7 +168,13 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
     return {"rows": rows, "machine": machine_info(target.device), "settings": {
         "max_new_tokens": base.max_new_tokens, "temperature": base.temperature, "candidates": base.candidates,
-        "depth": base.depth, "n_prompts": len(prompts)}, "drafter": models.drafter_description}
+        "depth": base.depth, "n_prompts": len(prompts), "dtype": dtype_name(target.dtype)},
+        "drafter": models.drafter_description}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """fp32 / bf16 / fp16, as --dtype spells them."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
 def _by_source(runs, ar_runs, sources: list[str]) -> dict:
@@ -185,11 +199,16 @@ def _tokens_per_second(runs) -> float:
 
 
 def format_table(results: dict) -> str:
-    head = f"{'method':<14}{'W':>4}{'B':>5}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'same':>6}  draft/tree/verify/commit"
-    lines = [head, "-" * len(head)]
+    dtype = results["settings"].get("dtype", "fp32")
+    head = (f"{'method':<14}{'W':>4}{'B':>5}{'bonus':>6}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'same':>6}"
+            "  draft/tree/verify/commit")
+    lines = [f"dtype {dtype}; 'same' = runs whose tokens equal ar's in this run"
+             + ("" if dtype == "fp32" else f" (not guaranteed in {dtype}: rounding flips near-ties; fp32 is exact)"),
+             head, "-" * len(head)]
     for r in results["rows"]:
         share = "/".join(f"{100 * r['stage_share'][k]:.0f}" for k in STAGE_KEYS)
-        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{r['tau']:>7.2f}"
+        bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
+        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{bonus:>6}{r['tau']:>7.2f}"
                      f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}"
                      f"{r['identical_to_ar']:>3}/{r['n_prompts']:<2}  {share}")
     by_method = [(r, r["by_source"]) for r in results["rows"] if r.get("by_source") and r["method"] != "ar"]

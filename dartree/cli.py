@@ -44,7 +44,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default="default",
                    help="'default' (shipped for the embedded target), 'random' (untrained), a folder or a HF id")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (fp32 on CPU, bf16 on CUDA), fp32, bf16 or fp16; fp32 is the exact mode (tokens "
+                        "identical to plain decoding at T = 0), 16-bit rounding can flip near-ties")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
 
 
@@ -56,6 +58,9 @@ def _add_decode_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                        help="verification budget B (tree nodes), or 'auto' (dartree: cost-aware, per round)")
     p.add_argument("--depth", type=int, default=None, help="tree depth D (default: drafter block size - 1)")
     p.add_argument("--candidates", type=int, default=64, help="candidates per position C")
+    p.add_argument("--depth-bonus", type=float, default=None,
+                   help="dartree's top-B cut ranks nodes by path score + bonus x depth, in [-1, 0] "
+                        "(default: this device's, see dartree/defaults.py)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -99,11 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--methods", default="ar,chain,ddtree,dartree-fixed,dartree")
     sw.add_argument("--budgets", type=_int_list, default=[8, 16, 24, 32, 48, 64])
     sw.add_argument("--widths", type=_int_list, default=[2, 4, 8, 12])
+    sw.add_argument("--configs", default=None,
+                    help="exact configs instead of the grid, e.g. 'dartree:W=4:B=8:bonus=0,dartree:W=4:B=8:bonus=-0.2'")
     sw.add_argument("--calibrate-out", default=None,
                     help="also calibrate --budget auto on train prompts and write the policy here (then replay B=auto)")
     sw.add_argument("--calibrate-prompts", type=int, default=12,
                     help="train prompts for the calibration: the first ones of the train file, which the trainer "
                          "holds out (its 64 lowest prompt indices are never trained on; never dev)")
+    sw.add_argument("--costs", default=None, metavar="RESULTS_JSON",
+                    help="predict speeds from the cost curve (and tree-build times) of a committed sweep or bench JSON "
+                         "instead of timing this machine (a busy machine); τ is unaffected")
     sw.add_argument("--out", default=None, help="results JSON path")
     sw.add_argument("--plot", default=None, help="HTML plot path")
     sw.add_argument("--card", default=None, help="a drafter's TRAINING.md: write its tree-τ section from this sweep")
@@ -155,7 +165,7 @@ def cmd_generate(args) -> int:
                               budget=AUTO_BUDGET_CAP if budget == "auto" else budget, auto_budget=budget == "auto",
                               depth=args.depth, candidates=args.candidates,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                              max_new_tokens=args.max_new_tokens)
+                              max_new_tokens=args.max_new_tokens, depth_bonus=_depth_bonus(args, shape))
     policy = _budget_policy(models, None) if settings.auto_budget else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
@@ -173,11 +183,17 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _depth_bonus(args, shape: dict) -> float:
+    bonus = getattr(args, "depth_bonus", None)
+    return shape["depth_bonus"] if bonus is None else bonus
+
+
 def _grid(args, models):
     """The configs of --methods x --widths x --budgets (or --configs), validated before minutes are spent."""
     from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
 
+    shape = default_shape(models.target.device.type)
     if getattr(args, "best_of", None):
         from .sweep import best_configs
 
@@ -197,10 +213,9 @@ def _grid(args, models):
         unknown = [m for m in methods if m not in METHODS]
         if unknown:
             raise UserError(f"unknown method {unknown[0]!r}: choose from {', '.join(METHODS)}")
-        shape = default_shape(models.target.device.type)
         configs = bench_configs(methods, args.widths or [shape["width"]], args.budgets or [shape["budget"]])
     base = DecodeSettings(depth=args.depth, candidates=args.candidates, temperature=args.temperature, top_p=args.top_p,
-                          seed=args.seed, max_new_tokens=args.max_new_tokens)
+                          seed=args.seed, max_new_tokens=args.max_new_tokens, depth_bonus=_depth_bonus(args, shape))
     for cfg in configs:
         cfg.settings(base).validated(models.drafter.max_depth if models.drafter else None, models.target.vocab_size)
     return configs, base
@@ -243,7 +258,7 @@ def cmd_bench(args) -> int:
 def cmd_sweep(args) -> int:
     from .models.loading import load_models
     from .prompts import DEV_PROMPTS, TRAIN_PROMPTS, read_prompt_file
-    from .sweep import card_section, format_sweep, run_sweep, write_plot
+    from .sweep import card_section, committed_costs, format_sweep, run_sweep, write_plot
 
     prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
     calibration_prompts = None
@@ -252,13 +267,14 @@ def cmd_sweep(args) -> int:
         # whatever share of the train file data generation has reached
         calibration_prompts = read_prompt_file(TRAIN_PROMPTS, args.calibrate_prompts)
     _set_threads(args.threads)
+    costs = committed_costs(args.costs) if args.costs else None
     models = load_models(args.target, args.drafter, args.device, args.dtype)
     if models.drafter is None:
         raise UserError("the sweep needs a drafter")
     configs, base = _grid(args, models)
     print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     results = run_sweep(models, prompts, configs, base, calibration_prompts, args.calibrate_out,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, costs=costs)
     results["command"] = _command_line(args)
     print(format_sweep(results))
     _write_json(args.out, results)

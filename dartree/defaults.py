@@ -6,12 +6,19 @@ the sweep's best fixed budget was B = 8 for every tree method; dartree W = 4, B 
 decoding (per-prompt median 1.09x), its cost-aware budget (W = 2, the sweep's pick) at the same 1.12x
 but a per-prompt median of 1.03x, so the fixed budget is the default and `auto_budget` is off (it stays
 one click or `--budget auto` away). See README, "Speed on this CPU".
-CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64): a GPU verifies 64 tokens for little
-more than the cost of one.
+CPU depth bonus (dartree's top-B cut ranks nodes by path score + bonus x depth): -0.2, the best of 0, -0.1
+and -0.2 by τ replayed on the same 30 dev prompts, speeds predicted from the committed cost curve
+(`python -m dartree sweep --limit 30 --spread --max-new-tokens 128 --threads 1 --configs
+ar,dartree:W=4:B=8:bonus=0,...,dartree:W=12:B=32:bonus=-0.2 --costs assets/benchmarks/sweep-cpu.json`,
+assets/benchmarks/depth-bonus-cpu.json): W = 4, B = 8: τ 2.3235 / 2.3317 / 2.3333 (44.40 / 44.55 / 44.58
+predicted tok/s); W = 12, B = 32: τ 2.7099 / 2.7232 / 2.7299. A small but consistent gain, and the
+reference's value.
+CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64, and the depth bonus -0.2 of its pruned
+runs): a GPU verifies 64 tokens for little more than the cost of one.
 """
 
-CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False}
-GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64}
+CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": -0.2}
+GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
 
 
 def default_shape(device_type: str) -> dict:

@@ -4,10 +4,10 @@
 tokens, so each committed token's target features are projected once, when it is committed, rather
 than the whole prefix being re-projected every round.
 
-`draft_block` runs the block [anchor, MASK, ...] once and returns, per future position, the top-C
-candidates by base logit (the marginals a DFlash drafter gives) plus the hidden states the correction
-head needs. `PathCorrector` exposes the head to the tree builders: GRU states along paths and the
-logit residual restricted to the candidate columns.
+`draft_block` runs the block [anchor, MASK, ...] once and returns, per depth, the top-C candidates by
+base logit (the marginals a DFlash drafter gives) plus the hidden rows the correction head needs (the
+drafter's `draft_rows` say which block row drafts which depth). `PathCorrector` exposes the head to the
+tree builders: GRU states along paths and the logit residual restricted to the candidate columns.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class DrafterContext:
 @dataclass
 class BlockDraft:
     draft: Draft
-    hidden: torch.Tensor  # [D, h] drafter hidden states of positions 1..D
+    hidden: torch.Tensor  # [D, h] the block rows that draft depths 1..D (z_1..z_D of the head)
     columns: torch.Tensor | None = None  # [D, C] the candidates' columns in the drafter's logits (None: token ids)
 
     @property
@@ -51,21 +51,30 @@ class BlockDraft:
 
 
 def draft_block(drafter, target, context: DrafterContext, anchor: torch.Tensor, position: int,
-                depth: int, candidates: int) -> BlockDraft:
-    """One drafter pass for the block that starts at `position` with the committed `anchor` token."""
+                depth: int, candidates: int, siblings: int = 0) -> BlockDraft:
+    """One drafter pass for the block that starts at `position` with the committed `anchor` token.
+
+    `siblings` > C also ranks the top min(siblings, V) tokens per depth (DDTree's heap with B > C; V is
+    the drafter's vocabulary, the draft vocabulary when it has one): one wider top-k, the first C of
+    which are the candidates.
+    """
     k = drafter.block_size
     dev = anchor.device
     block = torch.full((1, k), drafter.cfg.mask_token_id, dtype=torch.long, device=dev)
     block[0, 0] = anchor
     positions = torch.arange(position, position + k, device=dev)[None]
     embeds = target.embed(block).to(drafter.fc.weight.dtype)
-    hidden = drafter.block_hidden(embeds, positions, context.kv)[0, 1:1 + depth]
+    hidden = drafter.draft_rows(drafter.block_hidden(embeds, positions, context.kv)[0], depth)  # [D, h]
     base = drafter.base_logits(hidden.to(target.dtype), target)  # [D, V or draft vocabulary] fp32
-    cand_logits, columns = base.topk(min(candidates, base.shape[-1]), dim=-1)
-    marginal = cand_logits - torch.logsumexp(base, dim=-1, keepdim=True)
-    cand_tokens = drafter.column_tokens(columns)
-    return BlockDraft(Draft(anchor.reshape(()), cand_tokens, cand_logits, marginal), hidden,
-                      None if drafter.draft_vocab is None else columns)
+    n_cand = min(candidates, base.shape[-1])
+    top_logits, top_columns = base.topk(max(n_cand, min(siblings, base.shape[-1])), dim=-1)  # sorted
+    top_lp = top_logits - torch.logsumexp(base, dim=-1, keepdim=True)
+    top_tokens = drafter.column_tokens(top_columns)
+    columns = top_columns[:, :n_cand]
+    wide = top_columns.shape[1] > n_cand
+    draft = Draft(anchor.reshape(()), top_tokens[:, :n_cand], top_logits[:, :n_cand], top_lp[:, :n_cand],
+                  top_tokens if wide else None, top_lp if wide else None)
+    return BlockDraft(draft, hidden, None if drafter.draft_vocab is None else columns)
 
 
 class PathCorrector:

@@ -23,6 +23,7 @@ from transformers import DynamicCache
 
 from . import METHODS, TREE_METHODS
 from .cache import compact_cache
+from .defaults import CPU_DEFAULTS
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
 from .sampling import next_tokens
@@ -53,7 +54,9 @@ class DecodeSettings:
     seed: int = 0
     max_new_tokens: int = 128
     auto_budget: bool = False  # dartree: choose each round's budget (at most `budget`), see dartree.budget
-    depth_bonus: float = 0.0  # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0)
+    # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0; dartree.tree.cut_scores).
+    # Like W and B here, a device-blind default (the CPU's); the CLI takes each device's from dartree.defaults.
+    depth_bonus: float = CPU_DEFAULTS["depth_bonus"]
 
     def validated(self, max_depth: int | None, vocab_size: int) -> "DecodeSettings":
         if self.method not in METHODS:
@@ -121,6 +124,12 @@ def make_builder(settings: DecodeSettings, block, corrector) -> DepthwiseBuilder
     return DepthwiseBuilder(block.draft, corrector, keep, s.depth)
 
 
+def sibling_count(settings: DecodeSettings) -> int:
+    """Tokens per depth the drafter must rank beyond the C candidates: DDTree's heap takes up to B siblings
+    per depth from the whole vocabulary (dartree.tree.ddtree_heap); 0 where the C candidates suffice."""
+    return settings.budget if settings.method == "ddtree" and settings.budget > settings.candidates else 0
+
+
 def round_budget(settings: DecodeSettings, supertree: Tree, budget_policy=None) -> int:
     """B, or in auto mode the policy's choice for this supertree (capped by B; one host sync)."""
     if budget_policy is None or not settings.auto_budget:
@@ -142,7 +151,8 @@ def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=N
         builder.run()
     supertree = builder.tree()
     if settings.method == "dartree":
-        return supertree, prune_top_b(supertree, round_budget(settings, supertree, budget_policy))[0]
+        budget = round_budget(settings, supertree, budget_policy)
+        return supertree, prune_top_b(supertree, budget, settings.depth_bonus)[0]
     return supertree, supertree
 
 
@@ -187,7 +197,7 @@ class Decoder:
         self.budget_policy = budget_policy if self.settings.auto_budget else None
         if not prompt_ids:
             raise UserError("the prompt is empty: type something for the model to answer")
-        reserve = self.settings.max_new_tokens + (drafter.block_size if drafter is not None else 1)
+        reserve = self.settings.max_new_tokens + (drafter.max_depth + 1 if drafter is not None else 1)
         if len(prompt_ids) + reserve > target.max_context:
             raise UserError(f"the prompt has {len(prompt_ids)} tokens; with {self.settings.max_new_tokens} new tokens "
                             f"it exceeds the target's context of {target.max_context} tokens")
@@ -265,7 +275,7 @@ class Decoder:
         s = self.settings
         t0 = _now(self.device)
         self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
-                                 s.depth, s.candidates)
+                                 s.depth, s.candidates, sibling_count(s))
         self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
         seconds = _now(self.device) - t0
         self.round_seconds["draft"] += seconds
@@ -305,7 +315,7 @@ class Decoder:
         t0 = _now(self.device)
         budget = round_budget(self.settings, self.supertree, self.budget_policy)
         if self.settings.method == "dartree":
-            self.tree, kept = prune_top_b(self.supertree, budget)
+            self.tree, kept = prune_top_b(self.supertree, budget, self.settings.depth_bonus)
         else:
             self.tree, kept = self.supertree, None
         seconds = _now(self.device) - t0

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .draft import DrafterContext, PathCorrector, draft_block
-from .engine import DecodeSettings, build_round_tree, generate
+from .engine import DecodeSettings, build_round_tree, generate, sibling_count
 
 
 @dataclass
@@ -63,13 +63,13 @@ def make_continuation(target, drafter, prompt_ids: list[int], output_ids: list[i
     return Continuation(list(prompt_ids), list(output_ids), context)
 
 
-def _block_at(cont: Continuation, drafter, target, position: int, depth: int, candidates: int):
-    key = (position, depth, candidates)
+def _block_at(cont: Continuation, drafter, target, position: int, s: DecodeSettings):
+    key = (position, s.depth, s.candidates, sibling_count(s))
     if key not in cont.blocks:
         t0 = time.perf_counter()
         anchor = torch.tensor(cont.sequence[position], device=target.device)
         cont.blocks[key] = draft_block(drafter, target, _ContextPrefix(cont.context, position), anchor, position,
-                                       depth, candidates)
+                                       *key[1:])
         cont.draft_seconds.append(time.perf_counter() - t0)
     return cont.blocks[key]
 
@@ -120,7 +120,7 @@ def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_s
     total = len(cont.output_ids)
     out = ReplayRounds([], [], [])
     while produced < total:
-        block = _block_at(cont, drafter, target, position, s.depth, s.candidates)
+        block = _block_at(cont, drafter, target, position, s)
         t0 = time.perf_counter()
         supertree, tree = build_round_tree(s, block, PathCorrector(drafter, target, block), budget_policy)
         out.tree_seconds.append(time.perf_counter() - t0)
@@ -166,9 +166,18 @@ def interpolate_verify(costs: dict, n: int) -> float:
     return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
 
 
+def config_key(method: str, width, budget) -> str:
+    """How a sweep row names its tree shape (`costs["tree_seconds"]` is keyed by it)."""
+    return f"{method}:W={width}:B={budget}"
+
+
 def sweep(models, continuations: list[Continuation], configs, base: DecodeSettings, costs: dict,
           progress=True, budget_policy=None) -> list[dict]:
-    """Replay every configuration on every continuation; τ exact, speed predicted from `costs`."""
+    """Replay every configuration on every continuation; τ exact, speed predicted from `costs`.
+
+    A config's tree-build time is the median measured here, unless `costs["tree_seconds"]` (committed
+    figures, dartree.sweep.committed_costs) has its shape: the depth bonus changes which nodes the cut
+    keeps, not what building and cutting cost."""
     from tqdm import tqdm
 
     target, drafter = models.target, models.drafter
@@ -189,13 +198,16 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
             tree_times += r.tree_seconds
             nodes += r.nodes
             bar.update(1)
-        tree_s = statistics.median(tree_times) if tree_times else 0.0
+        measured = statistics.median(tree_times) if tree_times else 0.0
+        budget = "auto" if cfg.auto else cfg.budget
+        tree_s = costs.get("tree_seconds", {}).get(config_key(cfg.method, cfg.width, budget), measured)
         seconds = sum(predicted_round_seconds(n, costs) + tree_s for n in nodes)
         rounds = len(nodes)
         tau = committed / rounds if rounds else 0.0
         tps = committed / seconds if seconds else 0.0
-        rows.append({"method": cfg.method, "width": cfg.width, "budget": "auto" if cfg.auto else cfg.budget,
-                     "tau": tau, "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
+        rows.append({"method": cfg.method, "width": cfg.width, "budget": budget,
+                     "depth_bonus": s.depth_bonus if cfg.method == "dartree" else None, "tau": tau,
+                     "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
                      "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
                      "rounds": rounds})
     bar.close()

@@ -6,6 +6,9 @@ the cost-aware budget on train prompts and replays it too, and times DARTree's b
 against a sequential corrected heap. The predicted speed of a configuration is its committed tokens
 over the sum of its rounds' costs (draft, tree, verify(nodes + 1), commit); `python -m dartree bench`
 then measures the best configurations for real, interleaved, with outputs checked against plain decoding.
+
+On a busy machine, `committed_costs` takes the cost curve and tree-build times of an earlier sweep or bench
+run instead (`sweep --costs FILE`): τ stays exact, and the speeds are predicted from those quiet figures.
 """
 
 from __future__ import annotations
@@ -13,17 +16,38 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+import json
+from pathlib import Path
+
 from .bench import AUTO_BUDGET_CAP, BenchConfig, cost_curve, machine_info, tree_build_comparison
 from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
-from .replay import greedy_outputs, make_continuation, replay, sweep
+from .errors import UserError
+from .replay import config_key, greedy_outputs, make_continuation, replay, sweep
 from .trace import STAGE_KEYS
 
 
+def committed_costs(path) -> dict:
+    """The cost curve of a committed sweep or bench JSON, plus its rows' tree-build seconds by shape."""
+    path = Path(path)
+    try:
+        results = json.loads(path.read_text())
+        costs = dict(results["cost_curve"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"--costs: {path} is not a sweep or bench results file with a cost curve ({exc})") from None
+    costs["tree_seconds"] = {config_key(r["method"], r["width"], r["budget"]): r["tree_ms"] / 1e3
+                             for r in results.get("rows", []) if "tree_ms" in r}
+    costs["source"] = str(path)
+    return costs
+
+
 def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: DecodeSettings,
-              calibration_prompts: list[str] | None = None, calibrate_out=None, progress: bool = True) -> dict:
+              calibration_prompts: list[str] | None = None, calibrate_out=None, progress: bool = True,
+              costs: dict | None = None) -> dict:
+    """`costs` (committed_costs) replaces this machine's cost curve and skips the tree-build timing."""
     target, drafter = models.target, models.drafter
-    costs = cost_curve(models, prompts[0])
+    measure_here = costs is None
+    costs = cost_curve(models, prompts[0]) if measure_here else costs
     pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
     continuations = [make_continuation(target, drafter, ids, out) for ids, out in pairs]
     results = {"machine": machine_info(target.device), "drafter": models.drafter_description,
@@ -42,7 +66,7 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
     rows = sweep(models, continuations, configs, base, costs, progress, policy)
     results["replay_draft_seconds"] = statistics.median([t for c in continuations for t in c.draft_seconds])
     results["rows"] = rows
-    results["tree_build"] = tree_build_comparison(models, prompts[0])
+    results["tree_build"] = tree_build_comparison(models, prompts[0]) if measure_here else []
     return results
 
 
@@ -60,7 +84,8 @@ def best_configs(rows: list[dict]) -> list[BenchConfig]:
             best[key] = r
     order = ("chain", "ddtree", "dartree-fixed", "dartree")
     picked = sorted(best.values(), key=lambda r: (order.index(r["method"]), r["budget"] == "auto"))
-    return [BenchConfig("ar", None, None)] + [BenchConfig(r["method"], r["width"], r["budget"]) for r in picked]
+    return [BenchConfig("ar", None, None)] + [BenchConfig(r["method"], r["width"], r["budget"], r.get("depth_bonus"))
+                                              for r in picked]
 
 
 def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: dict, width: int, progress=True):
@@ -84,10 +109,14 @@ def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: di
 
 
 def format_sweep(results: dict) -> str:
-    head = f"{'method':<14}{'W':>4}{'B':>6}{'tau':>7}{'nodes':>7}{'tree ms':>9}{'pred tok/s':>12}{'pred speedup':>14}"
-    lines = [head, "-" * len(head)]
+    head = (f"{'method':<14}{'W':>4}{'B':>6}{'bonus':>6}{'tau':>7}{'nodes':>7}{'tree ms':>9}{'pred tok/s':>12}"
+            f"{'pred speedup':>14}")
+    source = results["cost_curve"].get("source")
+    lines = ([f"speeds predicted from the cost curve in {source}"] if source else []) + [head, "-" * len(head)]
     for r in results["rows"]:
-        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>6}{r['tau']:>7.2f}{r['mean_nodes']:>7.1f}"
+        bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
+        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>6}{bonus:>6}{r['tau']:>7.2f}"
+                     f"{r['mean_nodes']:>7.1f}"
                      f"{r['tree_ms']:>9.1f}{r['predicted_tokens_per_second']:>12.2f}{r['predicted_speedup']:>14.2f}")
     lines += ["", "tree build (s): B, W, batched, sequential heap, ratio"]
     for t in results.get("tree_build", []):

@@ -8,7 +8,8 @@ Builders, one per method the app compares:
 - `DepthwiseBuilder`: expands every frontier node of a depth in one batched call and keeps the
   global best children. With `keep = W` at every depth it builds DARTree's W-wide supertree; with
   `fixed_quota_schedule(B, D)` it is `dartree-fixed`; with W = 1 it is the single draft `chain`.
-- `prune_top_b`: DARTree's deferred best-first pruning of the supertree to a budget B.
+- `prune_top_b`: DARTree's deferred best-first pruning of the supertree to a budget B, ranking nodes by
+  `cut_scores` (path score + depth bonus x depth), the one ranking the cut uses.
 - `ddtree_heap`: DDTree's exact best-first heap over the uncorrected marginals.
 
 Scores come from a `Draft` (one drafter pass: the top-C candidates per position with their base logits)
@@ -63,6 +64,10 @@ class Draft:
     cand_tokens: torch.Tensor  # [D, C] top-C token ids by base logit, best first
     cand_base_logits: torch.Tensor  # [D, C] base logits of those tokens
     cand_marginal_lp: torch.Tensor  # [D, C] full-vocabulary log-softmax of the base logits
+    # DDTree's siblings when it needs more than C: the top-S tokens per depth with their full-vocabulary
+    # log-probs, best first, S = min(B, V) > C (V: the drafter's vocabulary); None: the candidates suffice
+    sibling_tokens: torch.Tensor | None = None  # [D, S]
+    sibling_marginal_lp: torch.Tensor | None = None  # [D, S]
 
     @property
     def depth(self) -> int:
@@ -71,6 +76,12 @@ class Draft:
     @property
     def num_candidates(self) -> int:
         return int(self.cand_tokens.shape[1])
+
+    def ranked_siblings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and marginal log-probs [D, S] of the widest ranking drafted (DDTree's heap reads this)."""
+        if self.sibling_tokens is None:
+            return self.cand_tokens, self.cand_marginal_lp
+        return self.sibling_tokens, self.sibling_marginal_lp
 
 
 class Corrector(Protocol):
@@ -107,13 +118,26 @@ class DepthExpansion:
     frontier: torch.Tensor  # [F] node indices being expanded
     parent: torch.Tensor  # [F*C] node index of each candidate's parent
     token: torch.Tensor  # [F*C]
-    marginal_lp: torch.Tensor  # [F*C] log-softmax of the base logits over the top-C support
-    corrected_lp: torch.Tensor  # [F*C] log-softmax of base + residual over the same support
+    marginal_lp: torch.Tensor  # [F*C] full-vocabulary log-softmax of the base logits
+    corrected_lp: torch.Tensor  # [F*C] `child_log_probs`: what the score adds
     score: torch.Tensor  # [F*C] parent score + corrected_lp
     rank: torch.Tensor  # [F*C] 0 = best candidate of this depth
     survived: torch.Tensor  # [F*C] bool: kept by the global cut
     node_index: torch.Tensor  # [F*C] index of the new node when survived, else -1
     keep: int  # how many survived
+
+
+def child_log_probs(draft: Draft, depth: int, residual: torch.Tensor | None) -> torch.Tensor:
+    """Log-probs of depth `depth`'s C candidates under F paths ([F, C]; [C] without a residual).
+
+    Where the head corrects (a residual [F, C]), the log-softmax of base + residual over the C candidates:
+    the residual exists only on them. Where it does not (pure-draft depths, a drafter without a head), the
+    full-vocabulary log-softmax of the base logits, as the reference scores them: normalised over the C
+    candidates alone they would be inflated, and the cut would favour deeper nodes.
+    """
+    if residual is None:
+        return draft.cand_marginal_lp[depth - 1]
+    return torch.log_softmax(draft.cand_base_logits[depth - 1] + residual, dim=-1)
 
 
 def fixed_quota_schedule(budget: int, depth: int):
@@ -137,9 +161,9 @@ def width_schedule(width: int):
 class DepthwiseBuilder:
     """Grow a tree depth by depth; each depth is one batched expansion of the whole frontier.
 
-    At depth d the F frontier nodes each take the C candidates of position d. A candidate's corrected
-    log-prob is the log-softmax over the support of (base logit + the head's residual for that node's
-    path); its score is the parent's score plus that. The global best `keep(d, F*C)` candidates
+    At depth d the F frontier nodes each take the C candidates of position d. A candidate's log-prob is
+    `child_log_probs` (corrected by the head for that node's path where the head applies); its score is
+    the parent's score plus that. The global best `keep(d, F*C)` candidates
     survive, and the GRU states of the survivors are advanced by their tokens for the next depth.
     No host synchronisation happens inside a depth: keep counts are host ints.
     """
@@ -170,10 +194,9 @@ class DepthwiseBuilder:
         draft = self.draft
         frontier = self.frontier
         n_frontier, n_cand = int(self.frontier.shape[0]), draft.num_candidates
-        base = draft.cand_base_logits[d - 1]  # [C]
-        marginal = torch.log_softmax(base, dim=-1).expand(n_frontier, n_cand)
+        marginal = draft.cand_marginal_lp[d - 1].expand(n_frontier, n_cand)
         residual = self.corrector.residual(d, self.frontier_states)
-        corrected = marginal if residual is None else torch.log_softmax(base + residual, dim=-1)
+        corrected = child_log_probs(draft, d, residual).expand(n_frontier, n_cand)
         score = (self.frontier_scores[:, None] + corrected).reshape(-1)
         order = torch.sort(score, descending=True, stable=True).indices
         rank = torch.empty_like(order)
@@ -216,18 +239,34 @@ class DepthwiseBuilder:
                     torch.cat(self._scores), self.current_depth)
 
 
-def prune_top_b(tree: Tree, budget: int) -> tuple[Tree, torch.Tensor]:
-    """Deferred best-first pruning: the root plus the `budget` best-scoring nodes.
+def cut_scores(tree: Tree, depth_bonus: float = 0.0) -> torch.Tensor:
+    """How the deferred top-B cut ranks nodes [N]: path score + depth_bonus x depth (the reference's rule).
 
-    Scores never rise along a path, so the best-B set is closed under taking parents; on equal scores
-    the stable sort over the topological order puts parents first, which keeps it closed under ties.
-    Returns the pruned tree and the kept node indices (sorted, into `tree`).
+    The one place that ranks nodes for the cut. A bonus below 0 trades depth for width: it charges every
+    extra level, so a shallow sibling beats a deep node of about the same path score.
     """
+    return tree.scores + depth_bonus * tree.depths.to(tree.scores.dtype)
+
+
+def prune_top_b(tree: Tree, budget: int, depth_bonus: float = 0.0) -> tuple[Tree, torch.Tensor]:
+    """Deferred best-first pruning: the root plus the `budget` best nodes by `cut_scores`.
+
+    The kept set is closed under taking parents for any depth_bonus <= 0. Proof: let c be a child of p.
+    Its path score is s(p) + lp with lp <= 0 (a log-prob), so s(c) <= s(p), also after rounding (rounding
+    is monotone). With b <= 0, b x depth(c) = b x depth(p) + b <= b x depth(p). So
+    key(c) = s(c) + b x depth(c) <= s(p) + b x depth(p) = key(p), rounded or not. Nodes are ranked by
+    (key descending, index ascending), a total order (a stable sort over the topological order), and p's
+    index is below c's, so p precedes c in it. The kept nodes are a prefix of that order, hence every kept
+    node's parent is kept, ties included. A positive bonus could rank a child above its parent, so it is
+    refused. Returns the pruned tree and the kept node indices (sorted, into `tree`).
+    """
+    if depth_bonus > 0:
+        raise ValueError(f"a depth bonus above 0 ({depth_bonus}) could keep a node without its parent")
     n = tree.num_nodes
     if budget >= n:
         keep = torch.arange(n + 1, device=tree.tokens.device)
         return tree, keep
-    order = torch.sort(tree.scores[1:], descending=True, stable=True).indices + 1
+    order = torch.sort(cut_scores(tree, depth_bonus)[1:], descending=True, stable=True).indices + 1
     keep = torch.cat([torch.zeros(1, dtype=torch.long, device=order.device), order[:budget]]).sort().values
     return tree.subset(keep), keep
 
@@ -237,13 +276,16 @@ def ddtree_heap(draft: Draft, budget: int, depth: int | None = None) -> Tree:
 
     The marginals do not depend on the path, so a node's best unexplored relatives are its next sibling
     (same parent, next rank) and its first child (rank 0 one depth down). Popping the best from a heap
-    of those B times yields the exact best-B set, in an order where parents precede children. The
-    heap runs on the host (one copy of the [D, C] marginals), as in the DDTree reference.
+    of those B times yields the exact best-B set, in an order where parents precede children. A best-B
+    tree has at most B children per node, so siblings come from the top min(B, V) tokens of the whole
+    vocabulary, as DDTree's own builder takes them (`Draft.ranked_siblings`: wider than C when B > C).
+    The heap runs on the host (one copy of the [D, S] marginals), as in the DDTree reference.
     """
     depth = draft.depth if depth is None else min(depth, draft.depth)
-    lp = draft.cand_marginal_lp[:depth].double().cpu().tolist()
-    toks = draft.cand_tokens[:depth].cpu().tolist()
-    n_cand = draft.num_candidates
+    ranked_tokens, ranked_lp = draft.ranked_siblings()
+    lp = ranked_lp[:depth].double().cpu().tolist()
+    toks = ranked_tokens[:depth].cpu().tolist()
+    n_cand = int(ranked_tokens.shape[1])
     tokens, parents, depths, scores = [int(draft.anchor)], [-1], [0], [0.0]
     heap = [(-lp[0][0], 0, 1, 0, 0)] if depth >= 1 else []  # (-score, tiebreak, depth, rank, parent)
     counter = 1
@@ -281,9 +323,7 @@ def sequential_corrected_heap(draft: Draft, corrector: Corrector, budget: int, d
 
     def expand(node: int):
         d = depths[node] + 1
-        base = draft.cand_base_logits[d - 1][None]
-        residual = corrector.residual(d, states[node])
-        lp = torch.log_softmax(base if residual is None else base + residual, dim=-1)[0]
+        lp = child_log_probs(draft, d, corrector.residual(d, states[node])).reshape(-1)
         order = torch.sort(lp, descending=True, stable=True)
         children[node] = (order.values.double().tolist(), order.indices.tolist())
 

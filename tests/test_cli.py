@@ -50,6 +50,8 @@ def test_bench_writes_rows_against_plain_decoding(tmp_path):
     assert all(v["tau"] == 1.0 and v["speedup_vs_ar"] == 1.0 for v in results["rows"][0]["by_source"].values())
     assert "tau by prompt source" in out.stdout
     assert "machine" in results
+    assert results["settings"]["dtype"] == "fp32" and "dtype fp32" in out.stdout
+    assert [r["depth_bonus"] for r in results["rows"]] == [None, None, None, None, -0.2]  # the CPU default
 
 
 def test_bench_configs_with_auto_budget_and_cost_curve(tmp_path):
@@ -118,3 +120,28 @@ def test_generate_default_budget_falls_back_to_fixed_b_for_an_uncalibrated_draft
     assert main(["generate", "--prompt", "Say hello.", "--json", "--max-new-tokens", "4", "--drafter", "random"]) == 0
     line = json.loads(capsys.readouterr().out.splitlines()[0])
     assert line["new_tokens"] == len(line["token_ids"]) <= 4
+
+
+def test_depth_bonus_flag_defaults_per_device_and_is_validated(tmp_path):
+    from types import SimpleNamespace
+
+    from dartree.cli import _depth_bonus
+    from dartree.defaults import default_shape
+    from dartree.engine import DecodeSettings
+
+    assert _depth_bonus(SimpleNamespace(depth_bonus=None), default_shape("cuda")) == -0.2  # the reference's
+    assert _depth_bonus(SimpleNamespace(depth_bonus=None), default_shape("cpu")) == DecodeSettings().depth_bonus
+    assert _depth_bonus(SimpleNamespace(depth_bonus=-0.5), default_shape("cpu")) == -0.5
+    out = subprocess.run([sys.executable, "-m", "dartree", "generate", "--prompt", "Hi", "--drafter", "random",
+                          "--depth-bonus", "0.3", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "depth bonus must be between -1.0 and 0" in out.stderr
+
+
+def test_bench_table_says_when_same_as_ar_is_not_guaranteed():
+    from dartree.bench import format_table
+
+    row = {"method": "ar", "width": None, "budget": None, "depth_bonus": None, "tau": 1.0, "tokens_per_second": 9.0,
+           "speedup_vs_ar": 1.0, "identical_to_ar": 3, "n_prompts": 3,
+           "stage_share": {"draft": 0.0, "tree": 0.0, "verify": 1.0, "commit": 0.0}}
+    assert "not guaranteed" not in format_table({"rows": [row], "settings": {"dtype": "fp32"}})
+    assert "not guaranteed in bf16" in format_table({"rows": [row], "settings": {"dtype": "bf16"}})

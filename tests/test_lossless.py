@@ -1,5 +1,7 @@
 """Greedy output of every method equals plain decoding on the real SmolLM2 target (fp32).
 
+Device-agnostic: DARTREE_TEST_DEVICE=cuda runs them on a GPU (scripts/device_check.sh), still in fp32.
+
 Correctness must not depend on the drafter being good: these run with a random drafter, and with an
 "oracle" tree that contains the true continuation so that long accepted paths cross EOS and
 max_new_tokens inside one round.
@@ -31,7 +33,8 @@ def references(real_models):
 def test_ar_equals_transformers_generate(real_models, references):
     target = real_models.target
     ids, ref = references[PROMPTS[0]]
-    hf = target.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+    hf = target.model.generate(torch.tensor([ids], device=target.device), max_new_tokens=24,
+                               do_sample=False)[0, len(ids):].tolist()
     assert ref == hf[:len(ref)]
 
 
@@ -43,7 +46,7 @@ def test_every_method_equals_ar_with_a_random_drafter(real_models, references, m
         assert got.token_ids == ref, prompt
 
 
-def oracle_tree(anchor: int, future: list[int], distractors: int = 2) -> Tree:
+def oracle_tree(anchor: int, future: list[int], device, distractors: int = 2) -> Tree:
     """Root -> the true next tokens as one chain, plus wrong siblings at every depth."""
     tokens, parents, depths = [anchor], [-1], [0]
     parent = 0
@@ -57,7 +60,8 @@ def oracle_tree(anchor: int, future: list[int], distractors: int = 2) -> Tree:
         depths.append(d)
         parent = len(tokens) - 1
     n = len(tokens)
-    return Tree(torch.tensor(tokens), torch.tensor(parents), torch.tensor(depths), torch.zeros(n), max(depths))
+    return Tree(torch.tensor(tokens, device=device), torch.tensor(parents, device=device),
+                torch.tensor(depths, device=device), torch.zeros(n, device=device), max(depths))
 
 
 def decode_with_oracle(models, ids, reference, max_new_tokens, depth=6, pad_tokens=(13, 14, 15, 16, 17, 18)):
@@ -67,7 +71,7 @@ def decode_with_oracle(models, ids, reference, max_new_tokens, depth=6, pad_toke
         if dec.next_stage == "verify":
             n = len(dec.output)
             future = (reference[n:] + list(pad_tokens))[:depth]  # past the end: tokens beyond EOS/limit
-            dec.tree = oracle_tree(dec.output[-1], future)
+            dec.tree = oracle_tree(dec.output[-1], future, models.target.device)
         dec.step()
     return dec
 

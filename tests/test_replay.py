@@ -27,17 +27,19 @@ def models():
     return target, tiny_drafter(target, seed=4)
 
 
-CONFIGS = [("chain", 1, 1), ("ddtree", 1, 10), ("dartree-fixed", 1, 12), ("dartree", 3, 8), ("dartree", 6, 20)]
+CONFIGS = [("chain", 1, 1, 0.0), ("ddtree", 1, 10, 0.0), ("ddtree", 1, 20, 0.0), ("dartree-fixed", 1, 12, 0.0),
+           ("dartree", 3, 8, 0.0), ("dartree", 6, 20, 0.0), ("dartree", 6, 12, -0.5)]  # ddtree B=20 > C: siblings
 
 
 @pytest.mark.parametrize("prompt_seed", [0, 1])
-@pytest.mark.parametrize("method,width,budget", CONFIGS)
-def test_replay_reproduces_every_round_of_real_decoding(models, prompt_seed, method, width, budget):
+@pytest.mark.parametrize("method,width,budget,bonus", CONFIGS)
+def test_replay_reproduces_every_round_of_real_decoding(models, prompt_seed, method, width, budget, bonus):
     target, drafter = models
     g = torch.Generator().manual_seed(prompt_seed)
     prompt = torch.randint(2, 60, (9,), generator=g).tolist()
     ar = generate(target, None, prompt, DecodeSettings(method="ar", max_new_tokens=40))
-    settings = DecodeSettings(method=method, width=width, budget=budget, candidates=8, max_new_tokens=40)
+    settings = DecodeSettings(method=method, width=width, budget=budget, candidates=8, max_new_tokens=40,
+                              depth_bonus=bonus)
     real = generate(target, drafter, prompt, settings)
     assert real.token_ids == ar.token_ids
     cont = make_continuation(target, drafter, prompt, ar.token_ids)
@@ -153,11 +155,15 @@ def test_auto_budget_in_the_decoder_is_lossless_and_varies(models):
 
 
 def test_parse_configs():
-    got = parse_configs("chain,ddtree:B=32,dartree:W=8:B=auto,dartree-fixed:B=16")
+    got = parse_configs("chain,ddtree:B=32,dartree:W=8:B=auto,dartree-fixed:B=16,dartree:W=4:B=8:bonus=-0.2")
     assert got == [BenchConfig("ar", None, None), BenchConfig("chain", None, None), BenchConfig("ddtree", None, 32),
-                   BenchConfig("dartree", 8, "auto"), BenchConfig("dartree-fixed", None, 16)]
+                   BenchConfig("dartree", 8, "auto"), BenchConfig("dartree-fixed", None, 16),
+                   BenchConfig("dartree", 4, 8, -0.2)]
     assert got[3].settings(DecodeSettings()).auto_budget
-    for bad in ("dartre:W=8", "dartree:W=x", "dartree:Q=3"):
+    assert got[5].settings(DecodeSettings(depth_bonus=0.0)).depth_bonus == -0.2
+    assert got[2].settings(DecodeSettings(depth_bonus=-0.1)).depth_bonus == -0.1  # no knob: the base's
+    assert got[5].label == "dartree W=4 B=8 bonus=-0.2"
+    for bad in ("dartre:W=8", "dartree:W=x", "dartree:Q=3", "dartree:bonus=x"):
         with pytest.raises(UserError):
             parse_configs(bad)
 
@@ -181,10 +187,29 @@ def test_best_configs_pick_each_methods_fastest_row_and_keep_auto_apart():
     rows = [row("ar", None, None, 10.0), row("chain", None, None, 11.0), row("ddtree", None, 8, 12.0),
             row("ddtree", None, 16, 13.0), row("dartree-fixed", None, 16, 9.0), row("dartree", 2, 16, 14.0),
             row("dartree", 4, 16, 15.0), row("dartree", 4, 32, 14.5), row("dartree", 4, "auto", 12.0),
-            row("dartree", 8, "auto", 16.0)]
+            row("dartree", 8, "auto", 16.0), {**row("dartree", 4, 16, 15.5), "depth_bonus": -0.2}]
     assert best_configs(rows) == [BenchConfig("ar", None, None), BenchConfig("chain", None, None),
                                   BenchConfig("ddtree", None, 16), BenchConfig("dartree-fixed", None, 16),
-                                  BenchConfig("dartree", 4, 16), BenchConfig("dartree", 8, "auto")]
+                                  BenchConfig("dartree", 4, 16, -0.2), BenchConfig("dartree", 8, "auto")]
+
+
+def test_committed_costs_carry_the_cost_curve_and_tree_times_by_shape(tmp_path):
+    """`sweep --costs FILE`: speeds from a committed quiet-machine curve; tree times by (method, W, B)."""
+    import json
+
+    from dartree.replay import config_key
+    from dartree.sweep import committed_costs
+
+    curve = {"verify_seconds": {"1": 0.02, "16": 0.05}, "t_ar": 0.02, "draft_seconds": 0.01, "commit_seconds": 0.001}
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps({"cost_curve": curve, "rows": [
+        {"method": "dartree", "width": 4, "budget": 8, "tree_ms": 3.0}, {"method": "ar", "width": None, "budget": None}]}))
+    costs = committed_costs(f)
+    assert costs["verify_seconds"] == curve["verify_seconds"] and costs["source"] == str(f)
+    assert costs["tree_seconds"] == {config_key("dartree", 4, 8): 0.003}
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(UserError, match="--costs"):
+        committed_costs(tmp_path / "bad.json")
 
 
 def test_bench_best_of_takes_extra_configs_into_the_same_run(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dartree.draft import BlockDraft, PathCorrector
-from dartree.tree import (DepthwiseBuilder, Draft, NoCorrection, Tree, ddtree_heap, fixed_quota_schedule,
+from dartree.tree import (DepthwiseBuilder, Draft, NoCorrection, Tree, cut_scores, ddtree_heap, fixed_quota_schedule,
                           prune_top_b, width_schedule)
 from tiny import tiny_drafter, tiny_target
 
@@ -174,3 +174,129 @@ def test_fixed_quota_spends_the_budget_by_ceil_remaining(models, budget, depth):
     tree = builder.tree()
     assert tree.num_nodes == sum(e.keep for e in exps) <= budget
     assert is_prefix_closed(tree)
+
+
+# ---------------------------------------------------------------------------------------------- pure-draft depths
+def test_pure_draft_depths_score_with_full_vocabulary_marginals(models):
+    """pure_draft_prefix_len = 2: depths 1 and 2 add the log-softmax of the base logits over the whole
+    vocabulary (by hand: the hidden rows through the target's LM head), not over the C candidates."""
+    from dartree.draft import DrafterContext, draft_block
+
+    target, _ = models
+    drafter = tiny_drafter(target, prefix=2)
+    context = DrafterContext(drafter)
+    context.append(torch.randn(6, 2 * target.hidden_size, generator=torch.Generator().manual_seed(1)), torch.arange(6))
+    with torch.no_grad():
+        block = draft_block(drafter, target, context, torch.tensor(3), 6, drafter.max_depth, 5)
+        by_hand = torch.log_softmax(block.hidden @ target.model.get_output_embeddings().weight.T, dim=-1)  # [D, V]
+        builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3))
+        exps = builder.run()
+    tokens = block.draft.cand_tokens
+    for d in (1, 2):
+        want = by_hand[d - 1][tokens[d - 1]].expand(exps[d - 1].frontier.shape[0], -1).reshape(-1)
+        torch.testing.assert_close(exps[d - 1].corrected_lp, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(exps[d - 1].marginal_lp, want, atol=1e-5, rtol=1e-5)
+        over_c = torch.log_softmax(block.draft.cand_base_logits[d - 1], -1)
+        assert not torch.allclose(exps[d - 1].corrected_lp[:5], over_c, atol=1e-3)  # what it used to be
+    parent = exps[0].score[exps[0].survived]
+    torch.testing.assert_close(exps[1].score.view(-1, 5), parent[:, None] + exps[1].corrected_lp.view(-1, 5))
+    assert not torch.allclose(exps[2].corrected_lp, exps[2].marginal_lp, atol=1e-3)  # depth 3: the head corrects
+
+
+# ---------------------------------------------------------------------------------------------- depth bonus
+LOG_PROBS = (0.0, -0.25, -0.5, -0.75, -1.5)  # dyadic: every key below is exact, so ties are real ties
+BONUSES = (0.0, -0.125, -0.25, -0.5, -1.0)
+
+
+def random_tree(seed: int, n: int = 40) -> Tree:
+    """A random tree in topological order whose child log-probs come from LOG_PROBS (many ties, zeros included)."""
+    g = torch.Generator().manual_seed(seed)
+    parents, depths, scores = [-1], [0], [0.0]
+    for i in range(1, n):
+        p = int(torch.randint(0, i, (1,), generator=g))
+        parents.append(p)
+        depths.append(depths[p] + 1)
+        scores.append(scores[p] + LOG_PROBS[int(torch.randint(0, len(LOG_PROBS), (1,), generator=g))])
+    return Tree(torch.arange(100, 100 + n), torch.tensor(parents), torch.tensor(depths), torch.tensor(scores),
+                max(depths))
+
+
+def brute_force_biased_top_b(tree: Tree, budget: int, bonus: float) -> list[int]:
+    """Rank by path score + bonus x depth in exact Python arithmetic, parents first on ties (lower index)."""
+    scores, depths = tree.scores.tolist(), tree.depths.tolist()
+    nodes = sorted(range(1, len(scores)), key=lambda i: (-(scores[i] + bonus * depths[i]), i))
+    return sorted([0] + nodes[:budget])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_depth_bonus_cut_is_the_brute_force_top_b_and_prefix_closed(seed):
+    tree = random_tree(seed)
+    keys = {bonus: (tree.scores + bonus * tree.depths).tolist() for bonus in BONUSES}
+    assert any(len(set(k[1:])) < len(k) - 1 for k in keys.values())  # ties do occur
+    for bonus in BONUSES:
+        for budget in range(1, tree.num_nodes + 1):
+            pruned, kept = prune_top_b(tree, budget, bonus)
+            assert kept.tolist() == brute_force_biased_top_b(tree, budget, bonus), (bonus, budget)
+            kept_set = set(kept.tolist())
+            assert all(int(tree.parents[i]) in kept_set for i in kept.tolist()[1:])  # closed under parents
+            assert is_prefix_closed(pruned)
+
+
+def test_a_depth_bonus_prefers_shallow_nodes_and_a_positive_one_is_refused():
+    tree = random_tree(3)
+    deep = {b: float(tree.depths[prune_top_b(tree, 10, b)[1]].float().mean()) for b in (0.0, -1.0)}
+    assert deep[-1.0] < deep[0.0]
+    with pytest.raises(ValueError, match="above 0"):
+        prune_top_b(tree, 5, 0.1)
+    assert torch.equal(cut_scores(tree, 0.0), tree.scores)
+
+
+# ---------------------------------------------------------------------------------------------- DDTree, B > C
+def full_vocabulary_top_b(lp: torch.Tensor, budget: int):
+    """Every path of depth <= D over the whole vocabulary [D, V], by summed log-prob: (scores, paths) best first."""
+    depth, vocab = lp.shape
+    scores, paths = [], []
+    level = torch.zeros(1, dtype=torch.float64)
+    prefixes = [()]
+    for d in range(depth):
+        level = (level[:, None] + lp[d][None, :]).reshape(-1)  # [V ** (d + 1)], row-major over the path
+        prefixes = [p + (t,) for p in prefixes for t in range(vocab)]
+        scores.append(level)
+        paths += prefixes
+    scores = torch.cat(scores)
+    order = torch.sort(-scores, stable=True).indices[:budget]  # shallower first on ties: they come first
+    return scores[order], [paths[i] for i in order.tolist()]
+
+
+@pytest.mark.parametrize("draft_vocab,budget", [(0, 20), (0, 60), (16, 40)])
+def test_ddtree_heap_takes_siblings_from_the_whole_vocabulary(draft_vocab, budget):
+    """B > C: the heap's tree is the exact top-B over every path of the tiny model's vocabulary (or of the
+    drafter's draft vocabulary, where min(B, V) = V caps the siblings), by hand from the LM head."""
+    from dartree.draft import DrafterContext, draft_block
+    from dartree.engine import DecodeSettings, sibling_count
+
+    target = tiny_target()
+    drafter = tiny_drafter(target, block_size=4, draft_vocab_size=draft_vocab)
+    if draft_vocab:
+        drafter.set_draft_vocab(torch.randperm(64, generator=torch.Generator().manual_seed(2))[:draft_vocab])
+    settings = DecodeSettings(method="ddtree", budget=budget, candidates=4)
+    assert sibling_count(settings) == budget
+    context = DrafterContext(drafter)
+    context.append(torch.randn(5, 2 * target.hidden_size, generator=torch.Generator().manual_seed(3)), torch.arange(5))
+    with torch.no_grad():
+        block = draft_block(drafter, target, context, torch.tensor(3), 5, 3, 4, sibling_count(settings))
+        logits = block.hidden @ target.model.get_output_embeddings().weight.T  # [3, 64]
+    columns = drafter.draft_vocab if draft_vocab else torch.arange(64)
+    lp = torch.log_softmax(logits[:, columns].double(), dim=-1)  # [3, V]
+    want_scores, want_paths = full_vocabulary_top_b(lp, budget)
+    tree = ddtree_heap(block.draft, budget)
+    assert tree.num_nodes == budget and is_prefix_closed(tree)
+    got = {path_tokens(tree, i): float(tree.scores[i]) for i in range(1, budget + 1)}
+    want = {tuple(int(columns[t]) for t in p): float(s) for s, p in zip(want_scores, want_paths)}
+    boundary = float(want_scores[-1])
+    for path, score in got.items():  # the same set, up to float noise exactly at the B-th score
+        assert path in want or abs(score - boundary) < 1e-5, path
+        assert math.isclose(score, sum(float(lp[d, columns.tolist().index(t)]) for d, t in enumerate(path)),
+                            abs_tol=1e-4)
+    cand = block.draft.cand_tokens.tolist()
+    assert any(t not in cand[len(p) - 1] for p in got for t in p[-1:])  # some sibling lies beyond the top C

@@ -3,14 +3,18 @@
 Checkpoint layout (the public one, so `Huang2020/Qwen3-4B-Domino-b16` loads through this same code):
 ``config.json`` is a Qwen3-style config with ``block_size``, ``num_target_layers`` and a ``dflash_config``
 (``target_layer_ids``, ``mask_token_id``, ``projector_type: "domino"``, ``emb_dim``, ``gru_hidden_dim``,
-``pure_draft_prefix_len``); weights are safetensors named ``layers.*``, ``fc``, ``hidden_norm``, ``norm``,
-``prefix_gru`` (one layer, no bias) and ``embed_proj.0`` / ``embed_proj.2``.
+``pure_draft_prefix_len``, ``shift_label``; see dartree.models.drafter_config); weights are safetensors named
+``layers.*``, ``fc``, ``hidden_norm``, ``norm``, ``prefix_gru`` (one layer, no bias) and ``embed_proj.0`` /
+``embed_proj.2``.
 
 Backbone: the target's hidden states at ``target_layer_ids`` are concatenated, projected by ``fc`` and
 normalised by ``hidden_norm``; every drafter layer turns them into context keys and values. The block
 [anchor, MASK, ..., MASK] attends to [context ; block], bidirectionally inside the block, so one pass
-gives hidden states z_1..z_{K-1} for the K-1 future positions. The drafter has no embedding or LM head
-of its own: it uses the target's.
+gives K hidden rows. Which row drafts which depth is ``dflash_config.shift_label``: absent or false (the
+DFlash convention, and the shipped SmolLM2 drafter), row d drafts depth d, so rows 1..K-1 give K-1 depths;
+true (the public Domino checkpoints: SpecForge's Domino recipe trains only that), row d-1 drafts depth d,
+so the anchor's own row predicts depth 1 and one block drafts K depths. `DrafterConfig.first_draft_row`
+is the one place that says it. The drafter has no embedding or LM head of its own: it uses the target's.
 
 Draft vocabulary (optional, ``dflash_config.draft_vocab_size`` plus a ``draft_vocab`` id tensor): the drafter
 proposes tokens from a fixed subset of the target's vocabulary only (EAGLE-3's "draft vocab"). Its base
@@ -21,15 +25,14 @@ target verifies every token. Checkpoints without it (the public Domino ones) dra
 
 Correction head: a GRU runs over the target embeddings of the tokens chosen along a path (the anchor
 first). The logits at block position i are ``base_i + embed_proj.2(SiLU(embed_proj.0([z_i ; s_i])))``
-where s_i is the GRU state after the anchor and the path's tokens at depths 1..i-1. Positions
-``i <= pure_draft_prefix_len`` use the base logits only.
+where z_i is depth i's block row and s_i the GRU state after the anchor and the path's tokens at depths
+1..i-1. Depths ``i <= pure_draft_prefix_len`` use the base logits only.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,115 +40,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+# the config lives in its own file; these names stay importable from here, where callers have always found them
+from .drafter_config import DrafterConfig, build_target_layer_ids, make_config  # noqa: F401
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
-REQUIRED_DFLASH_KEYS = ("target_layer_ids", "mask_token_id")
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some exporters save; recomputed here
 
 
-def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
-    """Evenly spaced target layers from the second to the fourth-from-last (the DFlash convention)."""
-    if count == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    return [int(round(start + i * (end - start) / (count - 1))) for i in range(count)]
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    """The fields of the Qwen3-style config that the drafter reads; `raw` keeps the rest for saving."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    vocab_size: int
-    block_size: int
-    num_target_layers: int
-    target_layer_ids: tuple[int, ...]
-    mask_token_id: int
-    projector_type: str | None
-    emb_dim: int
-    gru_hidden_dim: int
-    pure_draft_prefix_len: int
-    draft_vocab_size: int  # 0: the full vocabulary
-    raw: dict
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> "DrafterConfig":
-        try:
-            dcfg = raw.get("dflash_config") or {}
-            missing = [k for k in REQUIRED_DFLASH_KEYS if k not in dcfg]
-            if missing:
-                raise KeyError(f"dflash_config.{missing[0]}")
-            rope = raw.get("rope_parameters") or {}
-            theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-            heads = int(raw["num_attention_heads"])
-            projector = dcfg.get("projector_type")
-            if projector not in (None, "domino"):
-                raise UserError(f"drafter projector_type {projector!r} is not supported (only 'domino' or none)")
-            return cls(
-                hidden_size=int(raw["hidden_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads", heads)),
-                head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
-                intermediate_size=int(raw["intermediate_size"]),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta),
-                vocab_size=int(raw["vocab_size"]),
-                block_size=int(raw["block_size"]),
-                num_target_layers=int(raw["num_target_layers"]),
-                target_layer_ids=tuple(int(i) for i in dcfg["target_layer_ids"]),
-                mask_token_id=int(dcfg["mask_token_id"]),
-                projector_type=projector,
-                emb_dim=int(dcfg.get("emb_dim", 0)),
-                gru_hidden_dim=int(dcfg.get("gru_hidden_dim", 0)),
-                pure_draft_prefix_len=int(dcfg.get("pure_draft_prefix_len", 0)),
-                draft_vocab_size=int(dcfg.get("draft_vocab_size", 0) or 0),
-                raw=raw,
-            )
-        except KeyError as exc:
-            raise UserError(f"drafter config.json lacks the field {exc.args[0]}") from exc
-
-    @property
-    def has_correction(self) -> bool:
-        return self.projector_type == "domino"
-
-    @property
-    def output_size(self) -> int:
-        """Columns of the drafter's logits: the draft vocabulary, or the whole vocabulary."""
-        return self.draft_vocab_size or self.vocab_size
-
-
-def make_config(*, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, intermediate_size: int,
-                vocab_size: int, num_target_layers: int, target_layer_ids, mask_token_id: int,
-                num_layers: int = 2, block_size: int = 8, emb_dim: int = 128, gru_hidden_dim: int = 256,
-                pure_draft_prefix_len: int = 0, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6,
-                max_position_embeddings: int = 8192, correction: bool = True, draft_vocab_size: int = 0) -> dict:
-    """A config.json dict in the public Domino layout (Qwen3-style with a dflash_config)."""
-    dflash = {"target_layer_ids": list(target_layer_ids), "mask_token_id": int(mask_token_id)}
-    if correction:
-        dflash.update(projector_type="domino", emb_dim=emb_dim, gru_hidden_dim=gru_hidden_dim,
-                      pure_draft_prefix_len=pure_draft_prefix_len)
-    if draft_vocab_size:
-        dflash["draft_vocab_size"] = int(draft_vocab_size)
-    return {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_act": "silu",
-        "hidden_size": hidden_size, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
-        "num_key_value_heads": num_kv_heads, "head_dim": head_dim, "intermediate_size": intermediate_size,
-        "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta, "vocab_size": vocab_size,
-        "max_position_embeddings": max_position_embeddings, "attention_bias": False, "tie_word_embeddings": False,
-        "block_size": block_size, "num_target_layers": num_target_layers, "dflash_config": dflash,
-    }
-
-
 class RMSNorm(nn.Module):
+    """Qwen3's RMSNorm: normalise in fp32, round to the input dtype, then scale.
+
+    Not `torch.nn.RMSNorm`: on the shipped drafter's block pass that one is bitwise equal in fp32 but not in
+    bf16 (block hidden states differ by up to 0.09), because it scales before rounding. The public
+    checkpoints were trained with this order (transformers' Qwen3RMSNorm), so the GPU's bf16 path keeps it.
+    """
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -277,8 +187,13 @@ class DominoDrafter(nn.Module):
 
     @property
     def max_depth(self) -> int:
-        """Number of future positions one block drafts (the anchor occupies slot 0)."""
-        return self.cfg.block_size - 1
+        """Number of depths one block drafts (`DrafterConfig.max_depth`)."""
+        return self.cfg.max_depth
+
+    def draft_rows(self, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+        """The block rows [..., depth, h] that draft depths 1..depth, of block hidden states [..., K, h]."""
+        first = self.cfg.first_draft_row
+        return hidden[..., first:first + depth, :]
 
     def save_pretrained(self, folder: str | Path, dtype: torch.dtype = torch.bfloat16, extra_config: dict | None = None):
         """Write config.json and model.safetensors in the public layout (16-bit by default)."""
@@ -322,23 +237,20 @@ class DominoDrafter(nn.Module):
         shards = sorted(folder.glob("*.safetensors"))
         if not shards:
             raise UserError(f"drafter folder {folder} has no safetensors weights")
+        # Shards are merged and exporters' recomputable buffers dropped first, so safetensors' own
+        # `load_model(strict=True)` (one file, every key) does not fit; torch's strict load_state_dict then
+        # checks missing, unexpected and mis-shaped keys at once and copies the 16-bit weights into fp32.
         state = {}
         try:
             for shard in shards:
                 state.update({k: v for k, v in load_file(str(shard)).items() if not k.endswith(IGNORED_SUFFIXES)})
         except (SafetensorError, OSError, RuntimeError) as exc:
             raise UserError(f"drafter weights in {folder} are unreadable (corrupt file?): {exc}") from exc
-        expected = model.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise UserError(f"drafter weights in {folder} do not match its config: "
-                            f"missing {missing[:4]}, unexpected {unexpected[:4]}")
-        for key, tensor in state.items():
-            if tensor.shape != expected[key].shape:
-                raise UserError(f"drafter weight {key} has shape {tuple(tensor.shape)}, "
-                                f"config implies {tuple(expected[key].shape)}")
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()}, strict=True)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            problems = "; ".join(line.strip() for line in str(exc).splitlines()[1:] if line.strip())
+            raise UserError(f"drafter weights in {folder} do not match its config: {problems[:400]}") from None
         model.check_draft_vocab()
         return model.to(device=device, dtype=dtype).keep_gru_fp32().eval()
 
