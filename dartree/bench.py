@@ -249,9 +249,7 @@ def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 9
         verify[n] = statistics.median(times)
     result = {"prefix_tokens": prefix, "verify_seconds": verify, "t_ar": verify[1]}
 
-    context = DrafterContext(drafter) if drafter is not None else None
-    if context is not None:
-        context.append(out.features, torch.arange(prefix, device=dev))
+    context = DrafterContext.from_prefill(drafter, out.features) if drafter is not None else None
     for key, n, path_len in (("ar_commit_seconds", 1, 1), ("commit_seconds", 33, 3)):
         # a commit: gather the accepted rows into the cache (and, drafting, project their features)
         tree = _chain_tree(n, depth, dev)
@@ -332,8 +330,7 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     from transformers import DynamicCache
 
     out = target.prefill(ids, DynamicCache(), tuple(drafter.cfg.target_layer_ids))
-    context = DrafterContext(drafter)
-    context.append(out.features, torch.arange(len(ids), device=dev))
+    context = DrafterContext.from_prefill(drafter, out.features)
     depth = drafter.max_depth
     block = draft_block(drafter, target, context, out.logits[0].argmax(), len(ids), depth, candidates)
     rows = []

@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 
 from . import METHODS, TREE_METHODS
+from .methods import METHODS as REGISTRY
 from .cache import compact_cache
 from .defaults import CPU_DEFAULTS
 from .draft import DrafterContext, PathCorrector, draft_block
@@ -29,7 +30,7 @@ from .errors import UserError
 from .sampling import next_tokens
 from .trace import (STAGE_KEYS, CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord,
                     TreeRecord, VerifyRecord)
-from .tree import DepthwiseBuilder, Tree, ddtree_heap, fixed_quota_schedule, prune_top_b, width_schedule
+from .tree import Tree
 from .verify import verify_tree, walk_tree
 
 MAX_WIDTH = 64
@@ -73,7 +74,7 @@ class DecodeSettings:
             (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
             (MIN_DEPTH_BONUS <= self.depth_bonus <= 0.0,
              f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {self.depth_bonus}"),
-            (not self.auto_budget or self.method == "dartree",
+            (not self.auto_budget or REGISTRY[self.method].auto_budget,
              f"an automatic budget applies to 'dartree' only, not {self.method!r}"),
             (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
              f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}"),
@@ -114,14 +115,9 @@ class GenerationResult:
         return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def make_builder(settings: DecodeSettings, block, corrector) -> DepthwiseBuilder | None:
-    """The depth-by-depth builder of a method (None for ddtree, whose heap is built in one go)."""
-    s = settings
-    if s.method == "ddtree":
-        return None
-    keep = {"chain": width_schedule(1), "dartree": width_schedule(s.width),
-            "dartree-fixed": fixed_quota_schedule(s.budget, s.depth)}[s.method]
-    return DepthwiseBuilder(block.draft, corrector, keep, s.depth)
+def make_builder(settings: DecodeSettings, block, corrector):
+    """The method's tree builder for this round's block (the protocol of dartree.tree)."""
+    return REGISTRY[settings.method].make_builder(settings, block.draft, corrector)
 
 
 def sibling_count(settings: DecodeSettings) -> int:
@@ -144,16 +140,10 @@ def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=N
     by step so that the explorer can draw each depth.
     """
     builder = make_builder(settings, block, corrector)
-    if builder is None:
-        tree = ddtree_heap(block.draft, settings.budget, settings.depth)
-        return tree, tree
     with tree_threads(block.draft.cand_tokens.device):
         builder.run()
-    supertree = builder.tree()
-    if settings.method == "dartree":
-        budget = round_budget(settings, supertree, budget_policy)
-        return supertree, prune_top_b(supertree, budget, settings.depth_bonus)[0]
-    return supertree, supertree
+    supertree, tree, _ = builder.finish(round_budget(settings, builder.tree(), budget_policy))
+    return supertree, tree
 
 
 @contextmanager
@@ -172,10 +162,34 @@ def tree_threads(device: torch.device):
         torch.set_num_threads(before)
 
 
-def _now(device: torch.device) -> float:
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # stage boundaries only: timings must cover the GPU work
-    return time.perf_counter()
+
+
+@dataclass
+class Stopwatch:
+    seconds: float = 0.0
+
+
+@contextmanager
+def timed(device: torch.device, totals: dict | None, stage: str | None, sync: bool = True):
+    """Time the block into a Stopwatch and add its seconds to `totals[stage]` (a STAGE_KEYS name).
+
+    `sync` waits for the device at both ends, so the time covers the GPU work. The depth steps pass
+    sync=False and read the host clock only: a device sync per depth would stall the pipeline D times a
+    round; the tree stage's total is settled by the synced prune step.
+    """
+    if sync:
+        _sync(device)
+    watch = Stopwatch()
+    t0 = time.perf_counter()
+    yield watch
+    if sync:
+        _sync(device)
+    watch.seconds = time.perf_counter() - t0
+    if stage is not None:
+        totals[stage] += watch.seconds
 
 
 class Decoder:
@@ -206,7 +220,7 @@ class Decoder:
         self.feature_layers = tuple(self.drafter.cfg.target_layer_ids) if self.drafter is not None else ()
         self.generator = torch.Generator(device=self.device).manual_seed(int(self.settings.seed))
         self.cache = DynamicCache()
-        self.context = DrafterContext(self.drafter) if self.drafter is not None else None
+        self.context: DrafterContext | None = None  # the drafter's, from the prefill on
         self.output: list[int] = []
         self.prefix_len = 0
         self.anchor: torch.Tensor | None = None
@@ -245,6 +259,11 @@ class Decoder:
             self.finished = "length"
         return taken
 
+    def _timed(self, stage: str | None, sync: bool = True):
+        """`with self._timed("verify") as t:` adds the block's seconds to this round's stage total."""
+        assert stage is None or stage in STAGE_KEYS, stage
+        return timed(self.device, self.round_seconds, stage, sync)
+
     # ------------------------------------------------------------------ steps
     def step(self):
         """Run the next stage and return its record."""
@@ -255,16 +274,15 @@ class Decoder:
 
     @torch.inference_mode()
     def prefill(self) -> PrefillRecord:
-        t0 = _now(self.device)
-        positions = torch.arange(len(self.prompt_ids), device=self.device)
-        out = self.target.prefill(self.prompt_ids, self.cache, self.feature_layers)
-        first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
-        if self.context is not None:
-            self.context.append(out.features, positions)
-        self.prefix_len = len(self.prompt_ids)
-        self.anchor = first[0]
-        self._append([int(first[0])])
-        self.prefill_seconds = _now(self.device) - t0
+        with self._timed(None) as t:
+            out = self.target.prefill(self.prompt_ids, self.cache, self.feature_layers)
+            first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
+            if self.drafter is not None:
+                self.context = DrafterContext.from_prefill(self.drafter, out.features)
+            self.prefix_len = len(self.prompt_ids)
+            self.anchor = first[0]
+            self._append([int(first[0])])
+        self.prefill_seconds = t.seconds
         self.next_stage = "done" if self.finished else ("verify" if self.drafter is None else "draft")
         if self.drafter is None and not self.finished:
             self.tree = Tree.root_only(self.anchor)
@@ -273,87 +291,69 @@ class Decoder:
     @torch.inference_mode()
     def draft(self) -> DraftRecord:
         s = self.settings
-        t0 = _now(self.device)
-        self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
-                                 s.depth, s.candidates, sibling_count(s))
-        self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
-        seconds = _now(self.device) - t0
-        self.round_seconds["draft"] += seconds
+        with self._timed("draft") as t:
+            self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
+                                     s.depth, s.candidates, sibling_count(s))
+            self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
         self.next_stage = "depth"
         d = self.block.draft
-        return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp, seconds)
+        return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp,
+                           t.seconds)
 
     @torch.inference_mode()
     def expand(self):
-        """One depth of the tree (ddtree builds its whole heap in this one step).
+        """One depth of the tree (ddtree's builder grows its whole heap in this one step).
 
-        Depth steps are timed on the host clock without a device sync: on CUDA a sync per depth would
-        stall the pipeline D times a round. The tree stage's total is settled by the synced prune step.
+        Timed on the host clock without a device sync (see `timed`).
         """
-        t0 = time.perf_counter()
-        if self.builder is None:
-            self.supertree = ddtree_heap(self.block.draft, self.settings.budget, self.settings.depth)
-            seconds = time.perf_counter() - t0
-            self.round_seconds["tree"] += seconds
-            self.next_stage = "prune"
-            t = self.supertree
-            return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, None, self.settings.budget,
-                              seconds, stage="depth")
-        with tree_threads(self.device):
-            exp = self.builder.step()
+        with self._timed("tree", sync=False) as t, tree_threads(self.device):
+            grown = self.builder.step()
         if self.builder.done:
             self.supertree = self.builder.tree()
             self.next_stage = "prune"
-        seconds = time.perf_counter() - t0
-        self.round_seconds["tree"] += seconds
-        return DepthRecord(self.round, exp.depth, exp.frontier, exp.parent, exp.token, exp.marginal_lp,
-                           exp.corrected_lp, exp.score, exp.rank, exp.survived, exp.node_index, seconds)
+        if isinstance(grown, Tree):  # a builder of one step hands over its whole tree, drawn as one
+            return TreeRecord(self.round, grown.tokens, grown.parents, grown.depths, grown.scores, None,
+                              self.settings.budget, t.seconds, stage="depth")
+        return DepthRecord(self.round, grown.depth, grown.frontier, grown.parent, grown.token, grown.marginal_lp,
+                           grown.corrected_lp, grown.score, grown.rank, grown.survived, grown.node_index, t.seconds)
 
     @torch.inference_mode()
     def prune(self) -> TreeRecord:
-        """DARTree's deferred top-B pruning; the other builders already respect their budget."""
-        t0 = _now(self.device)
-        budget = round_budget(self.settings, self.supertree, self.budget_policy)
-        if self.settings.method == "dartree":
-            self.tree, kept = prune_top_b(self.supertree, budget, self.settings.depth_bonus)
-        else:
-            self.tree, kept = self.supertree, None
-        seconds = _now(self.device) - t0
-        self.round_seconds["tree"] += seconds
+        """The builder's finish: dartree's deferred top-B cut; the other builders already respect B."""
+        with self._timed("tree") as t:
+            budget = round_budget(self.settings, self.supertree, self.budget_policy)
+            self.supertree, self.tree, kept = self.builder.finish(budget)
         self.next_stage = "verify"
-        t = self.tree
-        return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, kept, budget, seconds)
+        tree = self.tree
+        return TreeRecord(self.round, tree.tokens, tree.parents, tree.depths, tree.scores, kept, budget, t.seconds)
 
     @torch.inference_mode()
     def verify(self) -> VerifyRecord:
-        t0 = _now(self.device)
         tree = self.tree
-        self.verification = verify_tree(self.target, tree, self.cache, self.prefix_len, self.feature_layers)
-        self.walk = walk_tree(tree, self.verification, self.settings.temperature, self.settings.top_p, self.generator)
-        bonus = int(self.walk.bonus)  # the one host sync of a round: the path's length decides the commit
-        seconds = _now(self.device) - t0
-        self.round_seconds["verify"] += seconds
+        with self._timed("verify") as t:
+            self.verification = verify_tree(self.target, tree, self.cache, self.prefix_len, self.feature_layers)
+            self.walk = walk_tree(tree, self.verification, self.settings.temperature, self.settings.top_p,
+                                  self.generator)
+            bonus = int(self.walk.bonus)  # the one host sync of a round: the path's length decides the commit
         self.next_stage = "commit"
         w = self.walk
         return VerifyRecord(self.round, self.prefix_len, tree.tokens, tree.parents, tree.depths,
-                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, seconds)
+                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, t.seconds)
 
     @torch.inference_mode()
     def commit(self) -> CommitRecord:
-        t0 = _now(self.device)
         path, tree = self.walk.path, self.tree
-        proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
-        committed = self._append(proposed)
-        accepted = min(len(committed), len(proposed) - 1)
-        if self.finished is None:
-            if self.context is not None:
-                feats = self.verification.features[path]
-                self.context.append(feats, tree.depths[path] + self.prefix_len)
-            self.prefix_len = compact_cache(self.cache, self.prefix_len, path)
-            self.anchor = self.walk.bonus
-        seconds = _now(self.device) - t0
-        self.round_seconds["commit"] += seconds
-        record = CommitRecord(self.round, committed, accepted, self.prefix_len, self.finished, seconds)
+        with self._timed("commit") as t:
+            proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
+            committed = self._append(proposed)
+            accepted = min(len(committed), len(proposed) - 1)
+            if self.finished is None:
+                if self.context is not None:
+                    feats = self.verification.features[path]
+                    self.context.append(feats, tree.depths[path] + self.prefix_len)
+                self.prefix_len = compact_cache(self.cache, self.prefix_len, path)
+                self.anchor = self.walk.bonus
+        record = CommitRecord(self.round, committed, accepted, self.prefix_len, self.finished, t.seconds)
         self.rounds.append(RoundRecord(self.round, tree.num_nodes, len(committed), dict(self.round_seconds)))
         self.round += 1
         self._reset_round()

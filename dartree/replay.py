@@ -41,26 +41,15 @@ class Continuation:
         return self.prompt_ids + self.output_ids
 
 
-class _ContextPrefix:
-    """The first `length` positions of a DrafterContext, as draft_block reads it (no copies)."""
-
-    def __init__(self, context: DrafterContext, length: int):
-        self.kv = [(k[:, :, :length], v[:, :, :length]) for k, v in context.kv]
-        self.length = length
-
-
 @torch.inference_mode()
 def make_continuation(target, drafter, prompt_ids: list[int], output_ids: list[int]) -> Continuation:
     """Teacher-force prompt + output through the target once and project every position's features."""
     from transformers import DynamicCache
 
     seq = prompt_ids + output_ids
-    dev = target.device
     layers = tuple(drafter.cfg.target_layer_ids)
     out = target.prefill(seq, DynamicCache(), layers)
-    context = DrafterContext(drafter)
-    context.append(out.features, torch.arange(len(seq), device=dev))
-    return Continuation(list(prompt_ids), list(output_ids), context)
+    return Continuation(list(prompt_ids), list(output_ids), DrafterContext.from_prefill(drafter, out.features))
 
 
 def _block_at(cont: Continuation, drafter, target, position: int, s: DecodeSettings):
@@ -68,7 +57,7 @@ def _block_at(cont: Continuation, drafter, target, position: int, s: DecodeSetti
     if key not in cont.blocks:
         t0 = time.perf_counter()
         anchor = torch.tensor(cont.sequence[position], device=target.device)
-        cont.blocks[key] = draft_block(drafter, target, _ContextPrefix(cont.context, position), anchor, position,
+        cont.blocks[key] = draft_block(drafter, target, cont.context.prefix(position), anchor, position,
                                        *key[1:])
         cont.draft_seconds.append(time.perf_counter() - t0)
     return cont.blocks[key]
