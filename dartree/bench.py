@@ -21,14 +21,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from .cache import compact_cache, truncate_cache
+from .defaults import AUTO_BUDGET_CAP  # noqa: F401  (re-exported: sweep and the CLI read it here)
 from .engine import DecodeSettings, generate
 from .errors import UserError
 from .draft import DrafterContext, draft_block
+from .methods import METHODS
 from .trace import STAGE_KEYS
 from .tree import Tree
 
 
-AUTO_BUDGET_CAP = 256  # the most nodes `--budget auto` may verify (the cost curve's last point)
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,6 @@ class BenchConfig:
 
 def parse_configs(text: str) -> list[BenchConfig]:
     """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2,dartree:W=8:B=auto` -> configs (ar always first)."""
-    from . import METHODS
-
     configs = [BenchConfig("ar", None, None)]
     for item in (x.strip() for x in text.split(",")):
         if not item or item == "ar":
@@ -92,19 +91,14 @@ def parse_configs(text: str) -> list[BenchConfig]:
 
 
 def bench_configs(methods, widths, budgets) -> list[BenchConfig]:
-    """ar first (the reference), then every method at each of its own knobs."""
+    """ar first (the reference), then every method at each of its own knobs (dartree.methods)."""
     configs = [BenchConfig("ar", None, None)]
     for m in methods:
         if m == "ar":
             continue
-        if m == "chain":
-            configs.append(BenchConfig("chain", None, None))
-        elif m in ("ddtree", "dartree-fixed"):
-            configs += [BenchConfig(m, None, b) for b in budgets]
-        elif m == "dartree":
-            configs += [BenchConfig(m, w, b) for w in widths for b in budgets]
-        else:
-            raise ValueError(m)
+        knobs = METHODS[m].knobs
+        configs += [BenchConfig(m, w if "W" in knobs else None, b if "B" in knobs else None)
+                    for w in (widths if "W" in knobs else [None]) for b in (budgets if "B" in knobs else [None])]
     return configs
 
 
@@ -154,7 +148,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         rounds = sum(r.rounds for r in runs)
         rows.append({
             "method": cfg.method, "width": cfg.width, "budget": cfg.budget,
-            "depth_bonus": cfg.settings(base).depth_bonus if cfg.method == "dartree" else None,
+            "depth_bonus": cfg.settings(base).depth_bonus if METHODS[cfg.method].prunes else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
             "median_speedup": statistics.median(per_prompt),

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from . import METHODS, TREE_METHODS
 from .methods import METHODS as REGISTRY
 from .cache import compact_cache
-from .defaults import CPU_DEFAULTS
+from .defaults import AUTO_BUDGET_CAP, default_shape
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
 from .sampling import next_tokens
@@ -43,51 +43,73 @@ MIN_DEPTH_BONUS = -1.0
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """Everything that shapes one generation; `validated` checks ranges against the models."""
+    """Everything that shapes one generation; `validated` checks ranges against the models.
+
+    The tree shape (width, budget, candidates, depth_bonus, auto_budget) left at None takes the measured
+    default of the device the target is on (dartree.defaults.default_shape), resolved by `validated`; an
+    explicit value wins. A GenerationResult's `settings` shows the resolved values.
+    """
 
     method: str = "dartree"
-    width: int = 8
-    budget: int = 32
+    width: int | None = None
+    budget: int | None = None  # None: the device's B (an automatic budget's default: AUTO_BUDGET_CAP)
     depth: int | None = None  # None: the drafter's block size - 1
-    candidates: int = 64
+    candidates: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
     max_new_tokens: int = 128
-    auto_budget: bool = False  # dartree: choose each round's budget (at most `budget`), see dartree.budget
-    # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0; dartree.tree.cut_scores).
-    # Like W and B here, a device-blind default (the CPU's); the CLI takes each device's from dartree.defaults.
-    depth_bonus: float = CPU_DEFAULTS["depth_bonus"]
+    # dartree: choose each round's budget (at most `budget`), see dartree.budget; None: the device's
+    # default where a calibrated policy is given (`policy_given` of `resolved`), else off
+    auto_budget: bool | None = None
+    # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0; dartree.tree.cut_scores)
+    depth_bonus: float | None = None
 
-    def validated(self, max_depth: int | None, vocab_size: int) -> "DecodeSettings":
+    def resolved(self, device_type: str = "cpu", policy_given: bool = False) -> "DecodeSettings":
+        """Unset tree-shape fields filled with the device's measured defaults (dartree.defaults)."""
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.method in TREE_METHODS and max_depth is None:
-            raise UserError(f"method {self.method!r} needs a drafter; only 'ar' runs without one")
+        shape = default_shape(device_type)
+        auto = self.auto_budget
+        if auto is None:
+            auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
+        budget = self.budget if self.budget is not None else (AUTO_BUDGET_CAP if auto else shape["budget"])
+        pick = lambda value, key: shape[key] if value is None else value  # noqa: E731
+        return replace(self, width=pick(self.width, "width"), budget=budget, auto_budget=auto,
+                       candidates=pick(self.candidates, "candidates"),
+                       depth_bonus=pick(self.depth_bonus, "depth_bonus"))
+
+    def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
+                  policy_given: bool = False) -> "DecodeSettings":
+        """`resolved` for the device, then checked against the models (max_depth None: no drafter)."""
+        s = self.resolved(device_type, policy_given)
+        if s.method in TREE_METHODS and max_depth is None:
+            raise UserError(f"method {s.method!r} needs a drafter; only 'ar' runs without one")
         checks = [
-            (1 <= self.width <= MAX_WIDTH, f"width W must be between 1 and {MAX_WIDTH}, got {self.width}"),
-            (1 <= self.budget <= MAX_BUDGET, f"budget B must be between 1 and {MAX_BUDGET}, got {self.budget}"),
-            (self.method == "ar" or 1 <= self.candidates <= min(MAX_CANDIDATES, vocab_size),
-             f"candidates C must be between 1 and {min(MAX_CANDIDATES, vocab_size)}, got {self.candidates}"),
-            (0.0 <= self.temperature <= MAX_TEMPERATURE,
-             f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"),
-            (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
-            (MIN_DEPTH_BONUS <= self.depth_bonus <= 0.0,
-             f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {self.depth_bonus}"),
-            (not self.auto_budget or REGISTRY[self.method].auto_budget,
-             f"an automatic budget applies to 'dartree' only, not {self.method!r}"),
-            (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
-             f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}"),
+            (1 <= s.width <= MAX_WIDTH, f"width W must be between 1 and {MAX_WIDTH}, got {s.width}"),
+            (1 <= s.budget <= MAX_BUDGET, f"budget B must be between 1 and {MAX_BUDGET}, got {s.budget}"),
+            (s.method == "ar" or 1 <= s.candidates <= min(MAX_CANDIDATES, vocab_size),
+             f"candidates C must be between 1 and {min(MAX_CANDIDATES, vocab_size)}, got {s.candidates}"),
+            (0.0 <= s.temperature <= MAX_TEMPERATURE,
+             f"temperature must be between 0 and {MAX_TEMPERATURE}, got {s.temperature}"),
+            (0.0 < s.top_p <= 1.0, f"top-p must be in (0, 1], got {s.top_p}"),
+            (MIN_DEPTH_BONUS <= s.depth_bonus <= 0.0,
+             f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {s.depth_bonus}"),
+            (not s.auto_budget or REGISTRY[s.method].auto_budget,
+             f"an automatic budget applies to {', '.join(n for n, m in REGISTRY.items() if m.auto_budget)} "
+             f"only, not {s.method!r}"),
+            (1 <= s.max_new_tokens <= MAX_NEW_TOKENS,
+             f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {s.max_new_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
-        depth = self.depth
+        depth = s.depth
         if max_depth is not None:
             depth = max_depth if depth is None else depth
             if not 1 <= depth <= max_depth:
                 raise UserError(f"depth D must be between 1 and the drafter's {max_depth}, got {depth}")
-        return replace(self, depth=depth)
+        return replace(s, depth=depth)
 
 
 @dataclass
@@ -205,7 +227,7 @@ class Decoder:
         self.target = target
         self.drafter = drafter if settings.method in TREE_METHODS else None
         max_depth = drafter.max_depth if drafter is not None else None
-        self.settings = settings.validated(max_depth, target.vocab_size)
+        self.settings = settings.validated(max_depth, target.vocab_size, target.device.type, budget_policy is not None)
         if self.settings.auto_budget and budget_policy is None:
             raise UserError("an automatic budget needs a calibrated policy (dartree.budget.policy_for)")
         self.budget_policy = budget_policy if self.settings.auto_budget else None
@@ -397,6 +419,9 @@ class Decoder:
             finished=self.finished, settings=asdict(self.settings), round_records=list(self.rounds))
 
 
-def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings, budget_policy=None) -> GenerationResult:
-    """Decode one prompt to the end with the given method (`budget_policy` for settings.auto_budget)."""
+def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings | None = None,
+             budget_policy=None) -> GenerationResult:
+    """Decode one prompt to the end (`settings` None: DecodeSettings(), the device's defaults;
+    `budget_policy` for settings.auto_budget)."""
+    settings = DecodeSettings() if settings is None else settings
     return Decoder(target, drafter, prompt_ids, settings, budget_policy).run()

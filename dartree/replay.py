@@ -24,6 +24,7 @@ import torch
 
 from .draft import DrafterContext, PathCorrector, draft_block
 from .engine import DecodeSettings, build_round_tree, generate, sibling_count
+from .methods import METHODS
 
 
 @dataclass
@@ -102,7 +103,7 @@ class ReplayRounds:
 def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_scores: bool = False,
            budget_policy=None) -> ReplayRounds:
     """Rounds of one configuration on one continuation, as the decoder would run them at T = 0."""
-    s = settings.validated(drafter.max_depth, target.vocab_size)
+    s = settings.validated(drafter.max_depth, target.vocab_size, target.device.type, budget_policy is not None)
     seq = cont.sequence
     position = len(cont.prompt_ids)  # the first output token is the first anchor (prefill made it)
     produced = 1
@@ -195,7 +196,7 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
         tau = committed / rounds if rounds else 0.0
         tps = committed / seconds if seconds else 0.0
         rows.append({"method": cfg.method, "width": cfg.width, "budget": budget,
-                     "depth_bonus": s.depth_bonus if cfg.method == "dartree" else None, "tau": tau,
+                     "depth_bonus": s.depth_bonus if METHODS[cfg.method].prunes else None, "tau": tau,
                      "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
                      "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
                      "rounds": rounds})
