@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from .draft import DrafterContext, PathCorrector, draft_block
@@ -146,14 +147,13 @@ def predicted_round_seconds(nodes: int, costs: dict, drafted: bool = True) -> fl
 
 
 def interpolate_verify(costs: dict, n: int) -> float:
-    curve = sorted((int(k), float(v)) for k, v in costs["verify_seconds"].items())
-    if n <= curve[0][0]:
-        return curve[0][1]
-    for (n0, t0), (n1, t1) in zip(curve, curve[1:]):
-        if n <= n1:
-            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-    (n0, t0), (n1, t1) = curve[-2], curve[-1]
-    return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+    """t_verify(n) from the measured cost curve: linear between measured sizes (numpy.interp), below the
+    first the first, and past the last the last segment's slope continued (np.interp would clamp there,
+    and a verify of more tokens than measured is not free)."""
+    ns, ts = zip(*sorted((int(k), float(v)) for k, v in costs["verify_seconds"].items()))
+    if n <= ns[-1] or len(ns) == 1:
+        return float(np.interp(n, ns, ts))
+    return ts[-1] + (ts[-1] - ts[-2]) * (n - ns[-1]) / (ns[-1] - ns[-2])
 
 
 def config_key(method: str, width, budget) -> str:
