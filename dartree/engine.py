@@ -161,8 +161,10 @@ def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=N
     Used where nobody watches the depths (the replay sweep); the Decoder runs the same builders step
     by step so that the explorer can draw each depth.
     """
+    device = block.draft.cand_tokens.device
+    settings = settings.resolved(device.type, budget_policy is not None)  # a no-op on validated settings
     builder = make_builder(settings, block, corrector)
-    with tree_threads(block.draft.cand_tokens.device):
+    with tree_threads(device):
         builder.run()
     supertree, tree, _ = builder.finish(round_budget(settings, builder.tree(), budget_policy))
     return supertree, tree
