@@ -22,11 +22,11 @@ import torch
 from transformers import DynamicCache
 
 from . import METHODS, TREE_METHODS
-from .methods import METHODS as REGISTRY
 from .cache import compact_cache
 from .defaults import AUTO_BUDGET_CAP, default_shape
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
+from .methods import METHODS as REGISTRY
 from .sampling import next_tokens
 from .trace import (STAGE_KEYS, CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord,
                     TreeRecord, VerifyRecord)
@@ -74,10 +74,8 @@ class DecodeSettings:
         if auto is None:
             auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
         budget = self.budget if self.budget is not None else (AUTO_BUDGET_CAP if auto else shape["budget"])
-        pick = lambda value, key: shape[key] if value is None else value  # noqa: E731
-        return replace(self, width=pick(self.width, "width"), budget=budget, auto_budget=auto,
-                       candidates=pick(self.candidates, "candidates"),
-                       depth_bonus=pick(self.depth_bonus, "depth_bonus"))
+        unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus") if getattr(self, k) is None}
+        return replace(self, budget=budget, auto_budget=auto, **unset)
 
     def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
                   policy_given: bool = False) -> "DecodeSettings":
