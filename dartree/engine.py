@@ -328,11 +328,12 @@ class Decoder:
 
         Timed on the host clock without a device sync (see `timed`).
         """
-        with self._timed("tree", sync=False) as t, tree_threads(self.device):
-            grown = self.builder.step()
-        if self.builder.done:
-            self.supertree = self.builder.tree()
-            self.next_stage = "prune"
+        with self._timed("tree", sync=False) as t:
+            with tree_threads(self.device):
+                grown = self.builder.step()
+            if self.builder.done:
+                self.supertree = self.builder.tree()
+                self.next_stage = "prune"
         if isinstance(grown, Tree):  # a builder of one step hands over its whole tree, drawn as one
             return TreeRecord(self.round, grown.tokens, grown.parents, grown.depths, grown.scores, None,
                               self.settings.budget, t.seconds, stage="depth")
