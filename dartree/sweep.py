@@ -156,7 +156,8 @@ def write_plot(results: dict, path) -> None:
                     pts[b] = r["tau"]
         if pts:
             xs = sorted(pts)
-            fig.add_trace(go.Scatter(x=xs, y=[pts[x] for x in xs], mode="lines+markers", name=method), row=2, col=1)
+            fig.add_trace(go.Scatter(x=xs, y=[pts[x] for x in xs], mode="lines+markers", name=METHODS[method].label),
+                          row=2, col=1)
     fig.update_xaxes(title_text="B", row=2, col=1)
     fig.update_yaxes(title_text="τ (tokens per round)", row=2, col=1)
     curve = results["cost_curve"]
@@ -192,7 +193,7 @@ def card_section(results: dict, budgets=(16, 32, 64)) -> list[str]:
             r = best(method, b)
             width = f" (W={r['width']})" if r is not None and "W" in METHODS[method].knobs else ""
             cells.append("—" if r is None else f"{r['tau']:.2f}{width}")
-        body.append(f"| {method} | " + " | ".join(cells) + " |")
+        body.append(f"| {METHODS[method].label} | " + " | ".join(cells) + " |")
     body += ["", "Stage wall times on this machine (medians; verify from the measured cost curve):", "",
              f"- draft (one drafter pass, D = {s.get('depth') or 7}, C = {s['candidates']}): "
              f"{1e3 * results['replay_draft_seconds']:.1f} ms",
