@@ -21,14 +21,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from .cache import compact_cache, truncate_cache
+from .defaults import AUTO_BUDGET_CAP  # noqa: F401  (re-exported: sweep and the CLI read it here)
 from .engine import DecodeSettings, generate
 from .errors import UserError
 from .draft import DrafterContext, draft_block
+from .methods import METHODS
 from .trace import STAGE_KEYS
 from .tree import Tree
 
 
-AUTO_BUDGET_CAP = 256  # the most nodes `--budget auto` may verify (the cost curve's last point)
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,6 @@ class BenchConfig:
 
 def parse_configs(text: str) -> list[BenchConfig]:
     """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2,dartree:W=8:B=auto` -> configs (ar always first)."""
-    from . import METHODS
-
     configs = [BenchConfig("ar", None, None)]
     for item in (x.strip() for x in text.split(",")):
         if not item or item == "ar":
@@ -92,19 +91,14 @@ def parse_configs(text: str) -> list[BenchConfig]:
 
 
 def bench_configs(methods, widths, budgets) -> list[BenchConfig]:
-    """ar first (the reference), then every method at each of its own knobs."""
+    """ar first (the reference), then every method at each of its own knobs (dartree.methods)."""
     configs = [BenchConfig("ar", None, None)]
     for m in methods:
         if m == "ar":
             continue
-        if m == "chain":
-            configs.append(BenchConfig("chain", None, None))
-        elif m in ("ddtree", "dartree-fixed"):
-            configs += [BenchConfig(m, None, b) for b in budgets]
-        elif m == "dartree":
-            configs += [BenchConfig(m, w, b) for w in widths for b in budgets]
-        else:
-            raise ValueError(m)
+        knobs = METHODS[m].knobs
+        configs += [BenchConfig(m, w if "W" in knobs else None, b if "B" in knobs else None)
+                    for w in (widths if "W" in knobs else [None]) for b in (budgets if "B" in knobs else [None])]
     return configs
 
 
@@ -154,7 +148,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         rounds = sum(r.rounds for r in runs)
         rows.append({
             "method": cfg.method, "width": cfg.width, "budget": cfg.budget,
-            "depth_bonus": cfg.settings(base).depth_bonus if cfg.method == "dartree" else None,
+            "depth_bonus": cfg.settings(base).depth_bonus if METHODS[cfg.method].prunes else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
             "median_speedup": statistics.median(per_prompt),
@@ -240,41 +234,34 @@ def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 9
     verify = {}
     for n in sizes:
         tree = _chain_tree(n, depth, dev)
-        times = []
-        for _ in range(repeats):
-            t0 = _sync_time(dev)
-            verify_tree(target, tree, cache, prefix, feature_layers)
-            times.append(_sync_time(dev) - t0)
-            truncate_cache(cache, prefix)
-        verify[n] = statistics.median(times)
+        verify[n] = median_seconds(lambda: verify_tree(target, tree, cache, prefix, feature_layers), dev, repeats,
+                                   setup=lambda: truncate_cache(cache, prefix))
+    truncate_cache(cache, prefix)
     result = {"prefix_tokens": prefix, "verify_seconds": verify, "t_ar": verify[1]}
 
-    context = DrafterContext(drafter) if drafter is not None else None
-    if context is not None:
-        context.append(out.features, torch.arange(prefix, device=dev))
+    context = DrafterContext.from_prefill(drafter, out.features) if drafter is not None else None
     for key, n, path_len in (("ar_commit_seconds", 1, 1), ("commit_seconds", 33, 3)):
         # a commit: gather the accepted rows into the cache (and, drafting, project their features)
         tree = _chain_tree(n, depth, dev)
-        times = []
-        for _ in range(repeats):
-            ver = verify_tree(target, tree, cache, prefix, feature_layers)
-            path = torch.arange(path_len, device=dev)
-            t0 = _sync_time(dev)
+        path = torch.arange(path_len, device=dev)
+        verified = []
+
+        def verify_first():  # untimed: the round's verify leaves the tree's rows in the cache
+            truncate_cache(cache, prefix)
+            verified[:] = [verify_tree(target, tree, cache, prefix, feature_layers)]
+
+        def commit():
             compact_cache(cache, prefix, path)
             if context is not None and key == "commit_seconds":
-                context.drafter.context_kv(ver.features[path][None].to(drafter.fc.weight.dtype),
+                context.drafter.context_kv(verified[0].features[path][None].to(drafter.fc.weight.dtype),
                                            (path + prefix)[None])
-            times.append(_sync_time(dev) - t0)
-            truncate_cache(cache, prefix)
-        result[key] = statistics.median(times)
+
+        result[key] = median_seconds(commit, dev, repeats, setup=verify_first)
+        truncate_cache(cache, prefix)
     if drafter is not None:
         anchor = torch.tensor(ids[-1], device=dev)
-        times = []
-        for _ in range(repeats):
-            t0 = _sync_time(dev)
-            draft_block(drafter, target, context, anchor, prefix, drafter.max_depth, 64)
-            times.append(_sync_time(dev) - t0)
-        result["draft_seconds"] = statistics.median(times)
+        result["draft_seconds"] = median_seconds(
+            lambda: draft_block(drafter, target, context, anchor, prefix, drafter.max_depth, 64), dev, repeats)
     result["lm_head_seconds"] = lm_head_timings(target, repeats=repeats)
     return result
 
@@ -288,13 +275,8 @@ def lm_head_timings(target, sizes=(1, 2, 8, 16, 33, 64), repeats: int = 7) -> di
     g = torch.Generator(device="cpu").manual_seed(0)
     for n in sizes:
         h = torch.randn(n, head.weight.shape[1], generator=g).to(device=dev, dtype=head.weight.dtype)
-        times = {"linear": [], "transposed": []}
-        for _ in range(repeats):
-            for name, fn in (("linear", lambda: head(h)), ("transposed", lambda: (head.weight @ h.T).T)):
-                t0 = _sync_time(dev)
-                fn()
-                times[name].append(_sync_time(dev) - t0)
-        out[n] = {k: statistics.median(v) for k, v in times.items()}
+        out[n] = interleaved_medians({"linear": lambda: head(h), "transposed": lambda: (head.weight @ h.T).T},
+                                     dev, repeats)
     return out
 
 
@@ -308,10 +290,40 @@ def _chain_tree(n: int, depth: int, dev) -> Tree:
                 torch.tensor(depths, device=dev), torch.zeros(n, device=dev), max(depths))
 
 
-def _sync_time(device) -> float:
+def _one_call(fn, device: torch.device, setup=None) -> float:
+    """Wall seconds of one call of fn, the device synchronised at both ends; `setup` runs first, untimed.
+
+    Hand-written rather than torch.utils.benchmark.Timer: Timer.timeit runs two untimed warm-up calls per
+    measurement and its setup once per measurement (a verify must truncate the cache before every call),
+    and it pins torch to one thread unless told otherwise; a median of single calls at the app's thread
+    count is the quantity the sweep's predictions need.
+    """
+    if setup is not None:
+        setup()
+    t0 = _sync_time(device)
+    fn()
+    return _sync_time(device) - t0
+
+
+def _sync_time(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def median_seconds(fn, device: torch.device, repeats: int, setup=None) -> float:
+    """Median over `repeats` single calls (a median of single calls, not a mean of a batch: a round calls
+    each stage once, and the median ignores the odd preempted call on a loaded machine)."""
+    return statistics.median(_one_call(fn, device, setup) for _ in range(repeats))
+
+
+def interleaved_medians(fns: dict, device: torch.device, repeats: int) -> dict:
+    """`median_seconds` of several functions, their calls interleaved so drift hits all alike."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(_one_call(fn, device))
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 @torch.inference_mode()
@@ -332,8 +344,7 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     from transformers import DynamicCache
 
     out = target.prefill(ids, DynamicCache(), tuple(drafter.cfg.target_layer_ids))
-    context = DrafterContext(drafter)
-    context.append(out.features, torch.arange(len(ids), device=dev))
+    context = DrafterContext.from_prefill(drafter, out.features)
     depth = drafter.max_depth
     block = draft_block(drafter, target, context, out.logits[0].argmax(), len(ids), depth, candidates)
     rows = []
@@ -351,13 +362,8 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
                 tree = sequential_corrected_heap(block.draft, PathCorrector(drafter, target, block), b, depth)
             return int(tree.tokens[-1])
 
-        times = {"batched": [], "sequential": []}
-        for _ in range(repeats):  # interleaved
-            for name, fn in (("batched", batched), ("sequential", sequential)):
-                t0 = _sync_time(dev)
-                fn()
-                times[name].append(_sync_time(dev) - t0)
-        tb, ts = statistics.median(times["batched"]), statistics.median(times["sequential"])
+        times = interleaved_medians({"batched": batched, "sequential": sequential}, dev, repeats)
+        tb, ts = times["batched"], times["sequential"]
         rows.append({"budget": b, "width": width, "batched_seconds": tb, "sequential_seconds": ts,
                      "ratio": ts / tb if tb else 0.0})
     return rows

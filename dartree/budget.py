@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from scipy.optimize import isotonic_regression
 
+from .defaults import default_shape
 from .errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -155,3 +156,15 @@ def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudge
                             "make one for these models with `python -m dartree sweep --calibrate-out FILE`")
     _POLICIES[key] = AutoBudget.load(path)
     return _POLICIES[key]
+
+
+def shape_for(models) -> dict:
+    """`default_shape` of the models' device, with the auto budget kept only where a calibrated policy
+    fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
+    shape = default_shape(models.target.device.type)
+    if shape.get("auto_budget"):
+        try:
+            policy_for(models.target, models.drafter_name)
+        except UserError:
+            shape["auto_budget"] = False
+    return shape

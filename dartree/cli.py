@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 from . import DEFAULT_TARGET, METHODS
-from .defaults import default_shape, shape_for
+from .defaults import default_shape
 from .errors import UserError
+from .methods import METHODS as REGISTRY
+from .methods import method_help
 
 
 def _int_list(text: str) -> list[int]:
@@ -52,12 +54,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_decode_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     if not sweep:
-        p.add_argument("--method", default="dartree", help=f"one of {', '.join(METHODS)}")
-        p.add_argument("--width", type=int, default=None, help="supertree width W")
+        p.add_argument("--method", default="dartree", help=method_help())
+        p.add_argument("--width", type=int, default=None, help="supertree width W (default: this device's)")
         p.add_argument("--budget", type=_budget, default=None,
                        help="verification budget B (tree nodes), or 'auto' (dartree: cost-aware, per round)")
     p.add_argument("--depth", type=int, default=None, help="tree depth D (default: drafter block size - 1)")
-    p.add_argument("--candidates", type=int, default=64, help="candidates per position C")
+    p.add_argument("--candidates", type=int, default=None, help="candidates per position C (default: this device's)")
     p.add_argument("--depth-bonus", type=float, default=None,
                    help="dartree's top-B cut ranks nodes by path score + bonus x depth, in [-1, 0] "
                         "(default: this device's, see dartree/defaults.py)")
@@ -144,7 +146,7 @@ def _budget_policy(models, path):
 
 
 def cmd_generate(args) -> int:
-    from .bench import AUTO_BUDGET_CAP
+    from .budget import shape_for
     from .engine import DecodeSettings, generate
     from .models.loading import load_models
     from .prompts import read_prompt_file
@@ -156,17 +158,17 @@ def cmd_generate(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else read_prompt_file(args.prompt_file, args.limit)
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
-    shape = shape_for(models)
-    if args.budget is None:  # the measured default: dartree's cost-aware budget where it won on this device
-        budget = "auto" if shape.get("auto_budget") and args.method == "dartree" else shape["budget"]
-    else:
-        budget = args.budget
-    settings = DecodeSettings(method=args.method, width=shape["width"] if args.width is None else args.width,
-                              budget=AUTO_BUDGET_CAP if budget == "auto" else budget, auto_budget=budget == "auto",
+    # unset W, B, C, bonus: DecodeSettings resolves the device's defaults (dartree.defaults), the auto
+    # budget included where it is the default and a calibrated policy fits these models (shape_for)
+    auto = args.budget == "auto" or (args.budget is None and shape_for(models).get("auto_budget")
+                                     and REGISTRY[args.method].auto_budget)
+    settings = DecodeSettings(method=args.method, width=args.width,
+                              budget=None if args.budget in (None, "auto") else args.budget,
+                              auto_budget=True if args.budget == "auto" else (None if args.budget is None else False),
                               depth=args.depth, candidates=args.candidates,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                              max_new_tokens=args.max_new_tokens, depth_bonus=_depth_bonus(args, shape))
-    policy = _budget_policy(models, None) if settings.auto_budget else None
+                              max_new_tokens=args.max_new_tokens, depth_bonus=args.depth_bonus)
+    policy = _budget_policy(models, None) if auto else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     for i, prompt in enumerate(prompts):
@@ -183,17 +185,12 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _depth_bonus(args, shape: dict) -> float:
-    bonus = getattr(args, "depth_bonus", None)
-    return shape["depth_bonus"] if bonus is None else bonus
-
-
 def _grid(args, models):
     """The configs of --methods x --widths x --budgets (or --configs), validated before minutes are spent."""
     from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
 
-    shape = default_shape(models.target.device.type)
+    shape = default_shape(models.target.device.type)  # the grid's default W and B
     if getattr(args, "best_of", None):
         from .sweep import best_configs
 
@@ -214,10 +211,13 @@ def _grid(args, models):
         if unknown:
             raise UserError(f"unknown method {unknown[0]!r}: choose from {', '.join(METHODS)}")
         configs = bench_configs(methods, args.widths or [shape["width"]], args.budgets or [shape["budget"]])
+    device_type = models.target.device.type
     base = DecodeSettings(depth=args.depth, candidates=args.candidates, temperature=args.temperature, top_p=args.top_p,
-                          seed=args.seed, max_new_tokens=args.max_new_tokens, depth_bonus=_depth_bonus(args, shape))
+                          seed=args.seed, max_new_tokens=args.max_new_tokens,
+                          depth_bonus=getattr(args, "depth_bonus", None)).resolved(device_type)
     for cfg in configs:
-        cfg.settings(base).validated(models.drafter.max_depth if models.drafter else None, models.target.vocab_size)
+        cfg.settings(base).validated(models.drafter.max_depth if models.drafter else None, models.target.vocab_size,
+                                     device_type, policy_given=cfg.auto)
     return configs, base
 
 

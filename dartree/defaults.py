@@ -18,24 +18,13 @@ runs): a GPU verifies 64 tokens for little more than the cost of one.
 """
 
 CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": -0.2}
+AUTO_BUDGET_CAP = 256  # the most nodes an automatic budget may verify (the cost curve's last point)
 GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
 
 
 def default_shape(device_type: str) -> dict:
-    """The measured best shape for this CPU; the DARTree reference's GPU defaults on CUDA."""
+    """The measured best shape for this CPU; the DARTree reference's GPU defaults on CUDA.
+
+    The one source of defaults: `DecodeSettings` resolves its unset fields from it (dartree.engine), and
+    the CLI and the app take it through `dartree.budget.shape_for` (which also checks the auto budget)."""
     return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
-
-
-def shape_for(models) -> dict:
-    """`default_shape` of the models' device, with the auto budget kept only where a calibrated policy
-    fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
-    shape = default_shape(models.target.device.type)
-    if shape.get("auto_budget"):
-        from .budget import policy_for
-        from .errors import UserError
-
-        try:
-            policy_for(models.target, models.drafter_name)
-        except UserError:
-            shape["auto_budget"] = False
-    return shape

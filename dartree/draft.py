@@ -29,6 +29,20 @@ class DrafterContext:
         self.kv = None
         self.length = 0
 
+    @classmethod
+    def from_prefill(cls, drafter, features: torch.Tensor, start: int = 0) -> "DrafterContext":
+        """The context of a prefilled sequence: its target features [n, F] at positions start..start+n-1."""
+        context = cls(drafter)
+        context.append(features, torch.arange(start, start + features.shape[0], device=features.device))
+        return context
+
+    def prefix(self, length: int) -> "DrafterContext":
+        """The first `length` positions, as a context of their own (views of this one's keys and values)."""
+        view = DrafterContext(self.drafter)
+        view.kv = [(k[:, :, :length], v[:, :, :length]) for k, v in self.kv]
+        view.length = length
+        return view
+
     def append(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Add the target features [n, F] of newly committed tokens at positions [n]."""
         new = self.drafter.context_kv(features[None].to(self.drafter.fc.weight.dtype), positions[None])

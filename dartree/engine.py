@@ -23,13 +23,14 @@ from transformers import DynamicCache
 
 from . import METHODS, TREE_METHODS
 from .cache import compact_cache
-from .defaults import CPU_DEFAULTS
+from .defaults import AUTO_BUDGET_CAP, default_shape
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
+from .methods import METHODS as REGISTRY
 from .sampling import next_tokens
 from .trace import (STAGE_KEYS, CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord,
                     TreeRecord, VerifyRecord)
-from .tree import DepthwiseBuilder, Tree, ddtree_heap, fixed_quota_schedule, prune_top_b, width_schedule
+from .tree import Tree
 from .verify import verify_tree, walk_tree
 
 MAX_WIDTH = 64
@@ -42,51 +43,71 @@ MIN_DEPTH_BONUS = -1.0
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """Everything that shapes one generation; `validated` checks ranges against the models."""
+    """Everything that shapes one generation; `validated` checks ranges against the models.
+
+    The tree shape (width, budget, candidates, depth_bonus, auto_budget) left at None takes the measured
+    default of the device the target is on (dartree.defaults.default_shape), resolved by `validated`; an
+    explicit value wins. A GenerationResult's `settings` shows the resolved values.
+    """
 
     method: str = "dartree"
-    width: int = 8
-    budget: int = 32
+    width: int | None = None
+    budget: int | None = None  # None: the device's B (an automatic budget's default: AUTO_BUDGET_CAP)
     depth: int | None = None  # None: the drafter's block size - 1
-    candidates: int = 64
+    candidates: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
     max_new_tokens: int = 128
-    auto_budget: bool = False  # dartree: choose each round's budget (at most `budget`), see dartree.budget
-    # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0; dartree.tree.cut_scores).
-    # Like W and B here, a device-blind default (the CPU's); the CLI takes each device's from dartree.defaults.
-    depth_bonus: float = CPU_DEFAULTS["depth_bonus"]
+    # dartree: choose each round's budget (at most `budget`), see dartree.budget; None: the device's
+    # default where a calibrated policy is given (`policy_given` of `resolved`), else off
+    auto_budget: bool | None = None
+    # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0; dartree.tree.cut_scores)
+    depth_bonus: float | None = None
 
-    def validated(self, max_depth: int | None, vocab_size: int) -> "DecodeSettings":
+    def resolved(self, device_type: str = "cpu", policy_given: bool = False) -> "DecodeSettings":
+        """Unset tree-shape fields filled with the device's measured defaults (dartree.defaults)."""
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.method in TREE_METHODS and max_depth is None:
-            raise UserError(f"method {self.method!r} needs a drafter; only 'ar' runs without one")
+        shape = default_shape(device_type)
+        auto = self.auto_budget
+        if auto is None:
+            auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
+        budget = self.budget if self.budget is not None else (AUTO_BUDGET_CAP if auto else shape["budget"])
+        unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus") if getattr(self, k) is None}
+        return replace(self, budget=budget, auto_budget=auto, **unset)
+
+    def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
+                  policy_given: bool = False) -> "DecodeSettings":
+        """`resolved` for the device, then checked against the models (max_depth None: no drafter)."""
+        s = self.resolved(device_type, policy_given)
+        if s.method in TREE_METHODS and max_depth is None:
+            raise UserError(f"method {s.method!r} needs a drafter; only 'ar' runs without one")
         checks = [
-            (1 <= self.width <= MAX_WIDTH, f"width W must be between 1 and {MAX_WIDTH}, got {self.width}"),
-            (1 <= self.budget <= MAX_BUDGET, f"budget B must be between 1 and {MAX_BUDGET}, got {self.budget}"),
-            (self.method == "ar" or 1 <= self.candidates <= min(MAX_CANDIDATES, vocab_size),
-             f"candidates C must be between 1 and {min(MAX_CANDIDATES, vocab_size)}, got {self.candidates}"),
-            (0.0 <= self.temperature <= MAX_TEMPERATURE,
-             f"temperature must be between 0 and {MAX_TEMPERATURE}, got {self.temperature}"),
-            (0.0 < self.top_p <= 1.0, f"top-p must be in (0, 1], got {self.top_p}"),
-            (MIN_DEPTH_BONUS <= self.depth_bonus <= 0.0,
-             f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {self.depth_bonus}"),
-            (not self.auto_budget or self.method == "dartree",
-             f"an automatic budget applies to 'dartree' only, not {self.method!r}"),
-            (1 <= self.max_new_tokens <= MAX_NEW_TOKENS,
-             f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {self.max_new_tokens}"),
+            (1 <= s.width <= MAX_WIDTH, f"width W must be between 1 and {MAX_WIDTH}, got {s.width}"),
+            (1 <= s.budget <= MAX_BUDGET, f"budget B must be between 1 and {MAX_BUDGET}, got {s.budget}"),
+            (s.method == "ar" or 1 <= s.candidates <= min(MAX_CANDIDATES, vocab_size),
+             f"candidates C must be between 1 and {min(MAX_CANDIDATES, vocab_size)}, got {s.candidates}"),
+            (0.0 <= s.temperature <= MAX_TEMPERATURE,
+             f"temperature must be between 0 and {MAX_TEMPERATURE}, got {s.temperature}"),
+            (0.0 < s.top_p <= 1.0, f"top-p must be in (0, 1], got {s.top_p}"),
+            (MIN_DEPTH_BONUS <= s.depth_bonus <= 0.0,
+             f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {s.depth_bonus}"),
+            (not s.auto_budget or REGISTRY[s.method].auto_budget,
+             f"an automatic budget applies to {', '.join(n for n, m in REGISTRY.items() if m.auto_budget)} "
+             f"only, not {s.method!r}"),
+            (1 <= s.max_new_tokens <= MAX_NEW_TOKENS,
+             f"max new tokens must be between 1 and {MAX_NEW_TOKENS}, got {s.max_new_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
-        depth = self.depth
+        depth = s.depth
         if max_depth is not None:
             depth = max_depth if depth is None else depth
             if not 1 <= depth <= max_depth:
                 raise UserError(f"depth D must be between 1 and the drafter's {max_depth}, got {depth}")
-        return replace(self, depth=depth)
+        return replace(s, depth=depth)
 
 
 @dataclass
@@ -114,14 +135,9 @@ class GenerationResult:
         return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def make_builder(settings: DecodeSettings, block, corrector) -> DepthwiseBuilder | None:
-    """The depth-by-depth builder of a method (None for ddtree, whose heap is built in one go)."""
-    s = settings
-    if s.method == "ddtree":
-        return None
-    keep = {"chain": width_schedule(1), "dartree": width_schedule(s.width),
-            "dartree-fixed": fixed_quota_schedule(s.budget, s.depth)}[s.method]
-    return DepthwiseBuilder(block.draft, corrector, keep, s.depth)
+def make_builder(settings: DecodeSettings, block, corrector):
+    """The method's tree builder for this round's block (the protocol of dartree.tree)."""
+    return REGISTRY[settings.method].make_builder(settings, block.draft, corrector)
 
 
 def sibling_count(settings: DecodeSettings) -> int:
@@ -143,17 +159,13 @@ def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=N
     Used where nobody watches the depths (the replay sweep); the Decoder runs the same builders step
     by step so that the explorer can draw each depth.
     """
+    device = block.draft.cand_tokens.device
+    settings = settings.resolved(device.type, budget_policy is not None)  # a no-op on validated settings
     builder = make_builder(settings, block, corrector)
-    if builder is None:
-        tree = ddtree_heap(block.draft, settings.budget, settings.depth)
-        return tree, tree
-    with tree_threads(block.draft.cand_tokens.device):
+    with tree_threads(device):
         builder.run()
-    supertree = builder.tree()
-    if settings.method == "dartree":
-        budget = round_budget(settings, supertree, budget_policy)
-        return supertree, prune_top_b(supertree, budget, settings.depth_bonus)[0]
-    return supertree, supertree
+    supertree, tree, _ = builder.finish(round_budget(settings, builder.tree(), budget_policy))
+    return supertree, tree
 
 
 @contextmanager
@@ -172,10 +184,34 @@ def tree_threads(device: torch.device):
         torch.set_num_threads(before)
 
 
-def _now(device: torch.device) -> float:
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # stage boundaries only: timings must cover the GPU work
-    return time.perf_counter()
+
+
+@dataclass
+class Stopwatch:
+    seconds: float = 0.0
+
+
+@contextmanager
+def timed(device: torch.device, totals: dict | None, stage: str | None, sync: bool = True):
+    """Time the block into a Stopwatch and add its seconds to `totals[stage]` (a STAGE_KEYS name).
+
+    `sync` waits for the device at both ends, so the time covers the GPU work. The depth steps pass
+    sync=False and read the host clock only: a device sync per depth would stall the pipeline D times a
+    round; the tree stage's total is settled by the synced prune step.
+    """
+    if sync:
+        _sync(device)
+    watch = Stopwatch()
+    t0 = time.perf_counter()
+    yield watch
+    if sync:
+        _sync(device)
+    watch.seconds = time.perf_counter() - t0
+    if stage is not None:
+        totals[stage] += watch.seconds
 
 
 class Decoder:
@@ -191,7 +227,7 @@ class Decoder:
         self.target = target
         self.drafter = drafter if settings.method in TREE_METHODS else None
         max_depth = drafter.max_depth if drafter is not None else None
-        self.settings = settings.validated(max_depth, target.vocab_size)
+        self.settings = settings.validated(max_depth, target.vocab_size, target.device.type, budget_policy is not None)
         if self.settings.auto_budget and budget_policy is None:
             raise UserError("an automatic budget needs a calibrated policy (dartree.budget.policy_for)")
         self.budget_policy = budget_policy if self.settings.auto_budget else None
@@ -206,7 +242,7 @@ class Decoder:
         self.feature_layers = tuple(self.drafter.cfg.target_layer_ids) if self.drafter is not None else ()
         self.generator = torch.Generator(device=self.device).manual_seed(int(self.settings.seed))
         self.cache = DynamicCache()
-        self.context = DrafterContext(self.drafter) if self.drafter is not None else None
+        self.context: DrafterContext | None = None  # the drafter's, from the prefill on
         self.output: list[int] = []
         self.prefix_len = 0
         self.anchor: torch.Tensor | None = None
@@ -245,6 +281,11 @@ class Decoder:
             self.finished = "length"
         return taken
 
+    def _timed(self, stage: str | None, sync: bool = True):
+        """`with self._timed("verify") as t:` adds the block's seconds to this round's stage total."""
+        assert stage is None or stage in STAGE_KEYS, stage
+        return timed(self.device, self.round_seconds, stage, sync)
+
     # ------------------------------------------------------------------ steps
     def step(self):
         """Run the next stage and return its record."""
@@ -255,16 +296,15 @@ class Decoder:
 
     @torch.inference_mode()
     def prefill(self) -> PrefillRecord:
-        t0 = _now(self.device)
-        positions = torch.arange(len(self.prompt_ids), device=self.device)
-        out = self.target.prefill(self.prompt_ids, self.cache, self.feature_layers)
-        first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
-        if self.context is not None:
-            self.context.append(out.features, positions)
-        self.prefix_len = len(self.prompt_ids)
-        self.anchor = first[0]
-        self._append([int(first[0])])
-        self.prefill_seconds = _now(self.device) - t0
+        with self._timed(None) as t:
+            out = self.target.prefill(self.prompt_ids, self.cache, self.feature_layers)
+            first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
+            if self.drafter is not None:
+                self.context = DrafterContext.from_prefill(self.drafter, out.features)
+            self.prefix_len = len(self.prompt_ids)
+            self.anchor = first[0]
+            self._append([int(first[0])])
+        self.prefill_seconds = t.seconds
         self.next_stage = "done" if self.finished else ("verify" if self.drafter is None else "draft")
         if self.drafter is None and not self.finished:
             self.tree = Tree.root_only(self.anchor)
@@ -273,87 +313,70 @@ class Decoder:
     @torch.inference_mode()
     def draft(self) -> DraftRecord:
         s = self.settings
-        t0 = _now(self.device)
-        self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
-                                 s.depth, s.candidates, sibling_count(s))
-        self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
-        seconds = _now(self.device) - t0
-        self.round_seconds["draft"] += seconds
+        with self._timed("draft") as t:
+            self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
+                                     s.depth, s.candidates, sibling_count(s))
+            self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
         self.next_stage = "depth"
         d = self.block.draft
-        return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp, seconds)
+        return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp,
+                           t.seconds)
 
     @torch.inference_mode()
     def expand(self):
-        """One depth of the tree (ddtree builds its whole heap in this one step).
+        """One depth of the tree (ddtree's builder grows its whole heap in this one step).
 
-        Depth steps are timed on the host clock without a device sync: on CUDA a sync per depth would
-        stall the pipeline D times a round. The tree stage's total is settled by the synced prune step.
+        Timed on the host clock without a device sync (see `timed`).
         """
-        t0 = time.perf_counter()
-        if self.builder is None:
-            self.supertree = ddtree_heap(self.block.draft, self.settings.budget, self.settings.depth)
-            seconds = time.perf_counter() - t0
-            self.round_seconds["tree"] += seconds
-            self.next_stage = "prune"
-            t = self.supertree
-            return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, None, self.settings.budget,
-                              seconds, stage="depth")
-        with tree_threads(self.device):
-            exp = self.builder.step()
-        if self.builder.done:
-            self.supertree = self.builder.tree()
-            self.next_stage = "prune"
-        seconds = time.perf_counter() - t0
-        self.round_seconds["tree"] += seconds
-        return DepthRecord(self.round, exp.depth, exp.frontier, exp.parent, exp.token, exp.marginal_lp,
-                           exp.corrected_lp, exp.score, exp.rank, exp.survived, exp.node_index, seconds)
+        with self._timed("tree", sync=False) as t:
+            with tree_threads(self.device):
+                grown = self.builder.step()
+            if self.builder.done:
+                self.supertree = self.builder.tree()
+                self.next_stage = "prune"
+        if isinstance(grown, Tree):  # a builder of one step hands over its whole tree, drawn as one
+            return TreeRecord(self.round, grown.tokens, grown.parents, grown.depths, grown.scores, None,
+                              self.settings.budget, t.seconds, stage="depth")
+        return DepthRecord(self.round, grown.depth, grown.frontier, grown.parent, grown.token, grown.marginal_lp,
+                           grown.corrected_lp, grown.score, grown.rank, grown.survived, grown.node_index, t.seconds)
 
     @torch.inference_mode()
     def prune(self) -> TreeRecord:
-        """DARTree's deferred top-B pruning; the other builders already respect their budget."""
-        t0 = _now(self.device)
-        budget = round_budget(self.settings, self.supertree, self.budget_policy)
-        if self.settings.method == "dartree":
-            self.tree, kept = prune_top_b(self.supertree, budget, self.settings.depth_bonus)
-        else:
-            self.tree, kept = self.supertree, None
-        seconds = _now(self.device) - t0
-        self.round_seconds["tree"] += seconds
+        """The builder's finish: dartree's deferred top-B cut; the other builders already respect B."""
+        with self._timed("tree") as t:
+            budget = round_budget(self.settings, self.supertree, self.budget_policy)
+            self.supertree, self.tree, kept = self.builder.finish(budget)
         self.next_stage = "verify"
-        t = self.tree
-        return TreeRecord(self.round, t.tokens, t.parents, t.depths, t.scores, kept, budget, seconds)
+        tree = self.tree
+        return TreeRecord(self.round, tree.tokens, tree.parents, tree.depths, tree.scores, kept, budget, t.seconds)
 
     @torch.inference_mode()
     def verify(self) -> VerifyRecord:
-        t0 = _now(self.device)
         tree = self.tree
-        self.verification = verify_tree(self.target, tree, self.cache, self.prefix_len, self.feature_layers)
-        self.walk = walk_tree(tree, self.verification, self.settings.temperature, self.settings.top_p, self.generator)
-        bonus = int(self.walk.bonus)  # the one host sync of a round: the path's length decides the commit
-        seconds = _now(self.device) - t0
-        self.round_seconds["verify"] += seconds
+        with self._timed("verify") as t:
+            self.verification = verify_tree(self.target, tree, self.cache, self.prefix_len, self.feature_layers)
+            self.walk = walk_tree(tree, self.verification, self.settings.temperature, self.settings.top_p,
+                                  self.generator)
+            bonus = int(self.walk.bonus)  # the one host sync of a round: the path's length decides the commit
         self.next_stage = "commit"
         w = self.walk
         return VerifyRecord(self.round, self.prefix_len, tree.tokens, tree.parents, tree.depths,
-                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, seconds)
+                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, t.seconds)
 
     @torch.inference_mode()
     def commit(self) -> CommitRecord:
-        t0 = _now(self.device)
         path, tree = self.walk.path, self.tree
-        proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
-        committed = self._append(proposed)
-        accepted = min(len(committed), len(proposed) - 1)
-        if self.finished is None:
-            if self.context is not None:
-                feats = self.verification.features[path]
-                self.context.append(feats, tree.depths[path] + self.prefix_len)
-            self.prefix_len = compact_cache(self.cache, self.prefix_len, path)
-            self.anchor = self.walk.bonus
-        seconds = _now(self.device) - t0
-        self.round_seconds["commit"] += seconds
-        record = CommitRecord(self.round, committed, accepted, self.prefix_len, self.finished, seconds)
+        with self._timed("commit") as t:
+            proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
+            committed = self._append(proposed)
+            accepted = min(len(committed), len(proposed) - 1)
+            if self.finished is None:
+                if self.context is not None:
+                    feats = self.verification.features[path]
+                    self.context.append(feats, tree.depths[path] + self.prefix_len)
+                self.prefix_len = compact_cache(self.cache, self.prefix_len, path)
+                self.anchor = self.walk.bonus
+        record = CommitRecord(self.round, committed, accepted, self.prefix_len, self.finished, t.seconds)
         self.rounds.append(RoundRecord(self.round, tree.num_nodes, len(committed), dict(self.round_seconds)))
         self.round += 1
         self._reset_round()
@@ -397,6 +420,9 @@ class Decoder:
             finished=self.finished, settings=asdict(self.settings), round_records=list(self.rounds))
 
 
-def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings, budget_policy=None) -> GenerationResult:
-    """Decode one prompt to the end with the given method (`budget_policy` for settings.auto_budget)."""
+def generate(target, drafter, prompt_ids: list[int], settings: DecodeSettings | None = None,
+             budget_policy=None) -> GenerationResult:
+    """Decode one prompt to the end (`settings` None: DecodeSettings(), the device's defaults;
+    `budget_policy` for settings.auto_budget)."""
+    settings = DecodeSettings() if settings is None else settings
     return Decoder(target, drafter, prompt_ids, settings, budget_policy).run()

@@ -20,10 +20,12 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from .draft import DrafterContext, PathCorrector, draft_block
 from .engine import DecodeSettings, build_round_tree, generate, sibling_count
+from .methods import METHODS
 
 
 @dataclass
@@ -41,26 +43,15 @@ class Continuation:
         return self.prompt_ids + self.output_ids
 
 
-class _ContextPrefix:
-    """The first `length` positions of a DrafterContext, as draft_block reads it (no copies)."""
-
-    def __init__(self, context: DrafterContext, length: int):
-        self.kv = [(k[:, :, :length], v[:, :, :length]) for k, v in context.kv]
-        self.length = length
-
-
 @torch.inference_mode()
 def make_continuation(target, drafter, prompt_ids: list[int], output_ids: list[int]) -> Continuation:
     """Teacher-force prompt + output through the target once and project every position's features."""
     from transformers import DynamicCache
 
     seq = prompt_ids + output_ids
-    dev = target.device
     layers = tuple(drafter.cfg.target_layer_ids)
     out = target.prefill(seq, DynamicCache(), layers)
-    context = DrafterContext(drafter)
-    context.append(out.features, torch.arange(len(seq), device=dev))
-    return Continuation(list(prompt_ids), list(output_ids), context)
+    return Continuation(list(prompt_ids), list(output_ids), DrafterContext.from_prefill(drafter, out.features))
 
 
 def _block_at(cont: Continuation, drafter, target, position: int, s: DecodeSettings):
@@ -68,7 +59,7 @@ def _block_at(cont: Continuation, drafter, target, position: int, s: DecodeSetti
     if key not in cont.blocks:
         t0 = time.perf_counter()
         anchor = torch.tensor(cont.sequence[position], device=target.device)
-        cont.blocks[key] = draft_block(drafter, target, _ContextPrefix(cont.context, position), anchor, position,
+        cont.blocks[key] = draft_block(drafter, target, cont.context.prefix(position), anchor, position,
                                        *key[1:])
         cont.draft_seconds.append(time.perf_counter() - t0)
     return cont.blocks[key]
@@ -113,7 +104,7 @@ class ReplayRounds:
 def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_scores: bool = False,
            budget_policy=None) -> ReplayRounds:
     """Rounds of one configuration on one continuation, as the decoder would run them at T = 0."""
-    s = settings.validated(drafter.max_depth, target.vocab_size)
+    s = settings.validated(drafter.max_depth, target.vocab_size, target.device.type, budget_policy is not None)
     seq = cont.sequence
     position = len(cont.prompt_ids)  # the first output token is the first anchor (prefill made it)
     produced = 1
@@ -156,14 +147,13 @@ def predicted_round_seconds(nodes: int, costs: dict, drafted: bool = True) -> fl
 
 
 def interpolate_verify(costs: dict, n: int) -> float:
-    curve = sorted((int(k), float(v)) for k, v in costs["verify_seconds"].items())
-    if n <= curve[0][0]:
-        return curve[0][1]
-    for (n0, t0), (n1, t1) in zip(curve, curve[1:]):
-        if n <= n1:
-            return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
-    (n0, t0), (n1, t1) = curve[-2], curve[-1]
-    return t1 + (t1 - t0) * (n - n1) / (n1 - n0)
+    """t_verify(n) from the measured cost curve: linear between measured sizes (numpy.interp), below the
+    first the first, and past the last the last segment's slope continued (np.interp would clamp there,
+    and a verify of more tokens than measured is not free)."""
+    ns, ts = zip(*sorted((int(k), float(v)) for k, v in costs["verify_seconds"].items()))
+    if n <= ns[-1] or len(ns) == 1:
+        return float(np.interp(n, ns, ts))
+    return ts[-1] + (ts[-1] - ts[-2]) * (n - ns[-1]) / (ns[-1] - ns[-2])
 
 
 def config_key(method: str, width, budget) -> str:
@@ -206,7 +196,7 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
         tau = committed / rounds if rounds else 0.0
         tps = committed / seconds if seconds else 0.0
         rows.append({"method": cfg.method, "width": cfg.width, "budget": budget,
-                     "depth_bonus": s.depth_bonus if cfg.method == "dartree" else None, "tau": tau,
+                     "depth_bonus": s.depth_bonus if METHODS[cfg.method].prunes else None, "tau": tau,
                      "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
                      "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
                      "rounds": rounds})

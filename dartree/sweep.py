@@ -19,10 +19,12 @@ from dataclasses import replace
 import json
 from pathlib import Path
 
+from . import TREE_METHODS
 from .bench import AUTO_BUDGET_CAP, BenchConfig, cost_curve, machine_info, tree_build_comparison
 from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
 from .errors import UserError
+from .methods import METHODS
 from .replay import config_key, greedy_outputs, make_continuation, replay, sweep
 from .trace import STAGE_KEYS
 
@@ -82,7 +84,7 @@ def best_configs(rows: list[dict]) -> list[BenchConfig]:
         key = (r["method"], r["budget"] == "auto")
         if r["method"] != "ar" and (key not in best or r["predicted_tokens_per_second"] > best[key]["predicted_tokens_per_second"]):
             best[key] = r
-    order = ("chain", "ddtree", "dartree-fixed", "dartree")
+    order = TREE_METHODS
     picked = sorted(best.values(), key=lambda r: (order.index(r["method"]), r["budget"] == "auto"))
     return [BenchConfig("ar", None, None)] + [BenchConfig(r["method"], r["width"], r["budget"], r.get("depth_bonus"))
                                               for r in picked]
@@ -145,7 +147,7 @@ def write_plot(results: dict, path) -> None:
                                  texttemplate="%{text}", showscale=False), row=1, col=col)
         fig.update_xaxes(title_text="B", row=1, col=col)
         fig.update_yaxes(title_text="W", row=1, col=col)
-    for method in ("chain", "ddtree", "dartree-fixed", "dartree"):
+    for method in TREE_METHODS:
         pts = {}
         for r in rows:
             if r["method"] == method and r["budget"] != "auto":
@@ -154,7 +156,8 @@ def write_plot(results: dict, path) -> None:
                     pts[b] = r["tau"]
         if pts:
             xs = sorted(pts)
-            fig.add_trace(go.Scatter(x=xs, y=[pts[x] for x in xs], mode="lines+markers", name=method), row=2, col=1)
+            fig.add_trace(go.Scatter(x=xs, y=[pts[x] for x in xs], mode="lines+markers", name=METHODS[method].label),
+                          row=2, col=1)
     fig.update_xaxes(title_text="B", row=2, col=1)
     fig.update_yaxes(title_text="τ (tokens per round)", row=2, col=1)
     curve = results["cost_curve"]
@@ -184,12 +187,13 @@ def card_section(results: dict, budgets=(16, 32, 64)) -> list[str]:
             f"command `{results.get('command', 'python -m dartree sweep')}`. τ = tokens committed per round "
             "(accepted + bonus). dartree: the best W for each B.", "",
             "| method | " + " | ".join(f"B = {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    for method in ("chain", "ddtree", "dartree-fixed", "dartree"):
+    for method in TREE_METHODS:
         cells = []
         for b in budgets:
             r = best(method, b)
-            cells.append("—" if r is None else (f"{r['tau']:.2f}" + (f" (W={r['width']})" if method == "dartree" else "")))
-        body.append(f"| {method} | " + " | ".join(cells) + " |")
+            width = f" (W={r['width']})" if r is not None and "W" in METHODS[method].knobs else ""
+            cells.append("—" if r is None else f"{r['tau']:.2f}{width}")
+        body.append(f"| {METHODS[method].label} | " + " | ".join(cells) + " |")
     body += ["", "Stage wall times on this machine (medians; verify from the measured cost curve):", "",
              f"- draft (one drafter pass, D = {s.get('depth') or 7}, C = {s['candidates']}): "
              f"{1e3 * results['replay_draft_seconds']:.1f} ms",

@@ -4,13 +4,16 @@ A `Tree` lists its nodes in topological order (a parent always precedes its chil
 root: the anchor token, already committed but not yet seen by the target. Node scores are path
 log-scores (0 at the root); since every log-prob is <= 0, scores never rise along a path.
 
-Builders, one per method the app compares:
+Builders, one per method the app compares (dartree.methods maps each method to its builder). Every
+builder follows one protocol: `step()` grows the next depth (or, for DDTree, the whole tree), `done`
+says when it is grown, and `finish(budget) -> (supertree, tree, kept)` hands over the tree to verify:
 - `DepthwiseBuilder`: expands every frontier node of a depth in one batched call and keeps the
   global best children. With `keep = W` at every depth it builds DARTree's W-wide supertree; with
   `fixed_quota_schedule(B, D)` it is `dartree-fixed`; with W = 1 it is the single draft `chain`.
 - `prune_top_b`: DARTree's deferred best-first pruning of the supertree to a budget B, ranking nodes by
   `cut_scores` (path score + depth bonus x depth), the one ranking the cut uses.
-- `ddtree_heap`: DDTree's exact best-first heap over the uncorrected marginals.
+- `ddtree_heap`: DDTree's exact best-first heap over the uncorrected marginals (`HeapBuilder`: its
+  builder of one step).
 
 Scores come from a `Draft` (one drafter pass: the top-C candidates per position with their base logits)
 and a corrector (the GRU head; see dartree.draft). Nothing here knows about models or files.
@@ -166,10 +169,14 @@ class DepthwiseBuilder:
     the parent's score plus that. The global best `keep(d, F*C)` candidates
     survive, and the GRU states of the survivors are advanced by their tokens for the next depth.
     No host synchronisation happens inside a depth: keep counts are host ints.
+    `cut_bonus` (dartree) makes `finish` cut the grown supertree to its best B by `prune_top_b` with
+    that depth bonus; None keeps it whole (the keep schedule already respected the budget).
     """
 
-    def __init__(self, draft: Draft, corrector: Corrector, keep, depth: int | None = None):
+    def __init__(self, draft: Draft, corrector: Corrector, keep, depth: int | None = None,
+                 cut_bonus: float | None = None):
         self.draft = draft
+        self.cut_bonus = cut_bonus
         self.corrector = corrector
         self.keep = keep
         self.depth = draft.depth if depth is None else min(depth, draft.depth)
@@ -235,8 +242,46 @@ class DepthwiseBuilder:
         return steps
 
     def tree(self) -> Tree:
+        """The tree grown so far (the supertree once `done`)."""
         return Tree(torch.cat(self._tokens), torch.cat(self._parents), torch.cat(self._depths),
                     torch.cat(self._scores), self.current_depth)
+
+    def finish(self, budget: int) -> tuple[Tree, Tree, torch.Tensor | None]:
+        """(supertree, the tree to verify, the kept node indices into the supertree or None: all)."""
+        supertree = self.tree()
+        if self.cut_bonus is None:
+            return supertree, supertree, None
+        tree, kept = prune_top_b(supertree, budget, self.cut_bonus)
+        return supertree, tree, kept
+
+
+class HeapBuilder:
+    """DDTree as a builder of one step: `ddtree_heap` grows its whole best-B tree in that step.
+
+    Same protocol as DepthwiseBuilder (`step()`, `done`, `tree()`, `finish(budget)`), so the decoder and
+    the replay drive every method alike; its one step returns the Tree itself rather than a depth.
+    """
+
+    def __init__(self, draft: Draft, budget: int, depth: int | None = None):
+        self.draft, self.budget, self.depth = draft, budget, depth
+        self._tree: Tree | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._tree is not None
+
+    def step(self) -> Tree:
+        self._tree = ddtree_heap(self.draft, self.budget, self.depth)
+        return self._tree
+
+    def run(self) -> list[Tree]:
+        return [self.step()]
+
+    def tree(self) -> Tree:
+        return self._tree
+
+    def finish(self, budget: int) -> tuple[Tree, Tree, None]:
+        return self._tree, self._tree, None
 
 
 def cut_scores(tree: Tree, depth_bonus: float = 0.0) -> torch.Tensor:

@@ -24,7 +24,7 @@ out=t.forward(torch.tensor([ids]),torch.arange(len(ids))[None],cache,feature_lay
 anchor=torch.tensor(ids[-1])
 ctxs={}
 for name,m in (('old',old),('new',new)):
-    c=DrafterContext(m.drafter); c.append(out.features,torch.arange(len(ids))); ctxs[name]=(m.drafter,c)
+    c=DrafterContext.from_prefill(m.drafter,out.features); ctxs[name]=(m.drafter,c)
 times={'old':[],'new':[]}
 for i in range(40):
     for name in ('old','new'):

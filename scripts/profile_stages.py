@@ -40,8 +40,7 @@ def main() -> None:
     cache = DynamicCache()
     out = t.forward(torch.tensor([ids]), torch.arange(len(ids))[None], cache,
                     feature_layers=tuple(d.cfg.target_layer_ids), logit_rows=slice(-1, None))
-    ctx = DrafterContext(d)
-    ctx.append(out.features, torch.arange(len(ids)))
+    ctx = DrafterContext.from_prefill(d, out.features)
     anchor = torch.tensor(ids[-1])
     print("threads", torch.get_num_threads())
     print("draft ms", median_ms(lambda: draft_block(d, t, ctx, anchor, len(ids), 7, 64)))

@@ -19,7 +19,7 @@ ids=generate(t,None,ids,DecodeSettings(method='ar',max_new_tokens=100)).prompt_i
 L=len(ids); print('prefix',L)
 cache=DynamicCache(); layers=tuple(d.cfg.target_layer_ids)
 out=t.forward(torch.tensor([ids[:-1]]),torch.arange(L-1)[None],cache,feature_layers=layers,logit_rows=slice(-1,None))
-ctx=DrafterContext(d); ctx.append(out.features,torch.arange(L-1))
+ctx=DrafterContext.from_prefill(d,out.features)
 anchor=torch.tensor(ids[-1]); P=L-1
 block=draft_block(d,t,ctx,anchor,P,7,64)
 s=DecodeSettings(method='dartree',width=8,budget=8,depth=7,candidates=64)

@@ -111,7 +111,8 @@ def test_generate_default_budget_falls_back_to_fixed_b_for_an_uncalibrated_draft
     its fixed B instead of an error; `generate` reads the same `shape_for`. The CLI runs in this process, so
     the patched default reaches it."""
     from dartree.cli import main
-    from dartree.defaults import CPU_DEFAULTS, shape_for
+    from dartree.budget import shape_for
+    from dartree.defaults import CPU_DEFAULTS
     from dartree.models.loading import load_models
 
     monkeypatch.setitem(CPU_DEFAULTS, "auto_budget", True)
@@ -123,15 +124,12 @@ def test_generate_default_budget_falls_back_to_fixed_b_for_an_uncalibrated_draft
 
 
 def test_depth_bonus_flag_defaults_per_device_and_is_validated(tmp_path):
-    from types import SimpleNamespace
-
-    from dartree.cli import _depth_bonus
     from dartree.defaults import default_shape
     from dartree.engine import DecodeSettings
 
-    assert _depth_bonus(SimpleNamespace(depth_bonus=None), default_shape("cuda")) == -0.2  # the reference's
-    assert _depth_bonus(SimpleNamespace(depth_bonus=None), default_shape("cpu")) == DecodeSettings().depth_bonus
-    assert _depth_bonus(SimpleNamespace(depth_bonus=-0.5), default_shape("cpu")) == -0.5
+    assert DecodeSettings().resolved("cuda").depth_bonus == -0.2  # the reference's
+    assert DecodeSettings().resolved("cpu").depth_bonus == default_shape("cpu")["depth_bonus"]
+    assert DecodeSettings(depth_bonus=-0.5).resolved("cpu").depth_bonus == -0.5  # an explicit value wins
     out = subprocess.run([sys.executable, "-m", "dartree", "generate", "--prompt", "Hi", "--drafter", "random",
                           "--depth-bonus", "0.3", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "depth bonus must be between -1.0 and 0" in out.stderr
@@ -145,3 +143,32 @@ def test_bench_table_says_when_same_as_ar_is_not_guaranteed():
            "stage_share": {"draft": 0.0, "tree": 0.0, "verify": 1.0, "commit": 0.0}}
     assert "not guaranteed" not in format_table({"rows": [row], "settings": {"dtype": "fp32"}})
     assert "not guaranteed in bf16" in format_table({"rows": [row], "settings": {"dtype": "bf16"}})
+
+
+def test_the_api_default_is_the_clis(real_models, monkeypatch):
+    """`generate` with DecodeSettings() resolves the same W, B, C and depth bonus as `python -m dartree
+    generate` uses (both: the device's measured defaults, dartree.defaults), and decodes the same tokens."""
+    import dartree.engine
+    from dartree.cli import main
+    from dartree.defaults import default_shape
+    from dartree.engine import DecodeSettings, generate
+
+    used = []
+    real = dartree.engine.generate
+
+    def spy(target, drafter, prompt_ids, settings=None, budget_policy=None):
+        res = real(target, drafter, prompt_ids, settings, budget_policy)
+        used.append(res)
+        return res
+
+    monkeypatch.setattr(dartree.engine, "generate", spy)
+    assert main(["generate", "--prompt", "Say hello.", "--json", "--max-new-tokens", "6", "--drafter", "random"]) == 0
+    cli = used[0]
+    target = real_models.target
+    api = generate(target, real_models.drafter, target.chat_ids("Say hello."), DecodeSettings(max_new_tokens=6))
+    shape = default_shape(target.device.type)
+    keys = ("method", "width", "budget", "candidates", "depth_bonus", "auto_budget", "depth")
+    assert {k: api.settings[k] for k in keys} == {k: cli.settings[k] for k in keys}
+    assert (api.settings["width"], api.settings["budget"], api.settings["depth_bonus"]) == \
+        (shape["width"], shape["budget"], shape["depth_bonus"])
+    assert api.token_ids == cli.token_ids

@@ -107,8 +107,7 @@ def one_block(models, depth=None):
     ids = target.chat_ids(PROMPT)
     with torch.no_grad():
         out = target.prefill(ids, __import__("transformers").DynamicCache(), tuple(drafter.cfg.target_layer_ids))
-        context = DrafterContext(drafter)
-        context.append(out.features, torch.arange(len(ids)))
+        context = DrafterContext.from_prefill(drafter, out.features)
         anchor = out.logits[0].argmax()
         block = draft_block(drafter, target, context, anchor, len(ids), depth or drafter.max_depth, 8)
         embeds = target.embed(torch.cat([anchor[None], torch.full((BLOCK - 1,), MASK)])[None])

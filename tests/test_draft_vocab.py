@@ -21,11 +21,9 @@ def vocab_drafter(target, seed=1):
 
 
 def context_for(drafter, target, n=5):
-    context = DrafterContext(drafter)
     feats = torch.randn(n, len(drafter.cfg.target_layer_ids) * target.hidden_size,
                         generator=torch.Generator().manual_seed(0))
-    context.append(feats, torch.arange(n))
-    return context
+    return DrafterContext.from_prefill(drafter, feats)
 
 
 def test_columns_and_tokens_map_both_ways():

@@ -15,9 +15,8 @@ PUBLIC_PREFIXES = ("layers.", "fc.", "hidden_norm.", "norm.", "prefix_gru.", "em
 
 
 def block_outputs(drafter, target):
-    context = DrafterContext(drafter)
     feats = torch.randn(5, len(drafter.cfg.target_layer_ids) * target.hidden_size, generator=torch.Generator().manual_seed(0))
-    context.append(feats, torch.arange(5))
+    context = DrafterContext.from_prefill(drafter, feats)
     with torch.no_grad():
         block = draft_block(drafter, target, context, torch.tensor(3), 5, drafter.max_depth, 8)
         state = drafter.gru_step(target.embed(torch.tensor([3, 4])), drafter.initial_state(2, "cpu"))

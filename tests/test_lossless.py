@@ -46,6 +46,47 @@ def test_every_method_equals_ar_with_a_random_drafter(real_models, references, m
         assert got.token_ids == ref, prompt
 
 
+def oracle_draft_block(real_draft_block, sequence: list[int]):
+    """`draft_block` whose first candidate at every depth is the true continuation of `sequence`.
+
+    After the real drafter pass, depth d's column 0 becomes sequence[position + d] (swapped with its
+    column if it was already a candidate), with a base logit 1000 above the rest and a marginal log-prob
+    of 0: every builder's best child at every depth. The builders, the cut and the walk are the real ones,
+    so a walk that accepts nothing, or a builder that drops its best child, fails the test.
+    """
+    def draft_block(drafter, target, context, anchor, position, depth, candidates, siblings=0):
+        block = real_draft_block(drafter, target, context, anchor, position, depth, candidates, siblings)
+        d = block.draft
+        assert d.sibling_tokens is None, "oracle test: keep B <= C (no siblings beyond the candidates)"
+        for row in range(d.depth):
+            if position + row + 1 >= len(sequence):
+                break
+            true = sequence[position + row + 1]
+            hit = (d.cand_tokens[row] == true).nonzero()
+            if len(hit):
+                d.cand_tokens[row, int(hit[0])] = d.cand_tokens[row, 0]
+            d.cand_tokens[row, 0] = true
+            d.cand_base_logits[row, 0] = d.cand_base_logits[row].max() + 1000.0
+            d.cand_marginal_lp[row, 0] = 0.0
+        return block
+    return draft_block
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_every_method_accepts_an_oracle_drafters_path(real_models, references, method, monkeypatch):
+    """With the true continuation as every depth's best candidate, output == ar and τ > 1: accepted
+    tokens really are committed (a walk that accepted nothing would still match ar, but with τ = 1)."""
+    import dartree.draft
+    import dartree.engine
+
+    for prompt, (ids, ref) in references.items():
+        monkeypatch.setattr(dartree.engine, "draft_block", oracle_draft_block(dartree.draft.draft_block, ids + ref))
+        settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24)
+        got = generate(real_models.target, real_models.drafter, ids, settings)
+        assert got.token_ids == ref, prompt
+        assert got.tau > 1.5, (prompt, got.tau)
+
+
 def oracle_tree(anchor: int, future: list[int], device, distractors: int = 2) -> Tree:
     """Root -> the true next tokens as one chain, plus wrong siblings at every depth."""
     tokens, parents, depths = [anchor], [-1], [0]

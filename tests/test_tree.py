@@ -184,8 +184,8 @@ def test_pure_draft_depths_score_with_full_vocabulary_marginals(models):
 
     target, _ = models
     drafter = tiny_drafter(target, prefix=2)
-    context = DrafterContext(drafter)
-    context.append(torch.randn(6, 2 * target.hidden_size, generator=torch.Generator().manual_seed(1)), torch.arange(6))
+    context = DrafterContext.from_prefill(drafter, torch.randn(6, 2 * target.hidden_size,
+                                                               generator=torch.Generator().manual_seed(1)))
     with torch.no_grad():
         block = draft_block(drafter, target, context, torch.tensor(3), 6, drafter.max_depth, 5)
         by_hand = torch.log_softmax(block.hidden @ target.model.get_output_embeddings().weight.T, dim=-1)  # [D, V]
@@ -281,8 +281,8 @@ def test_ddtree_heap_takes_siblings_from_the_whole_vocabulary(draft_vocab, budge
         drafter.set_draft_vocab(torch.randperm(64, generator=torch.Generator().manual_seed(2))[:draft_vocab])
     settings = DecodeSettings(method="ddtree", budget=budget, candidates=4)
     assert sibling_count(settings) == budget
-    context = DrafterContext(drafter)
-    context.append(torch.randn(5, 2 * target.hidden_size, generator=torch.Generator().manual_seed(3)), torch.arange(5))
+    context = DrafterContext.from_prefill(drafter, torch.randn(5, 2 * target.hidden_size,
+                                                               generator=torch.Generator().manual_seed(3)))
     with torch.no_grad():
         block = draft_block(drafter, target, context, torch.tensor(3), 5, 3, 4, sibling_count(settings))
         logits = block.hidden @ target.model.get_output_embeddings().weight.T  # [3, 64]

@@ -87,7 +87,9 @@ def drafter_logits(target: Target, drafter: DominoDrafter, batch: Batch):
     ctx_kv = drafter.context_kv(batch.ctx_features, batch.ctx_positions)
     mask = batch.attn_mask
     h = drafter.block_hidden(block_emb, batch.block_positions, ctx_kv, attn_mask=mask)
-    z = h.view(b, A, K, -1)[:, :, 1:]  # slot 0 is the anchor
+    # the rows that draft depths 1..K-1 (the labels' depths): rows 1..K-1 (slot 0 is the anchor), or with
+    # a shift-label drafter rows 0..K-2 (the anchor's row drafts depth 1); DrafterConfig.first_draft_row
+    z = drafter.draft_rows(h.view(b, A, K, -1), K - 1)
     if z.dtype != target.dtype and not torch.is_autocast_enabled(z.device.type):
         z = z.to(target.dtype)  # a bf16 target without autocast
     base = drafter.base_logits(z, target)

@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import TREE_METHODS
+from ..methods import METHODS
 from ..engine import Decoder, generate
 from ..errors import UserError
 from . import figures
 from .session import ENGINE_LOCK, Controls, Session, budget_policy
 
-RACE_METHODS = ("ar", "chain", "ddtree", "dartree")
+RACE_METHODS = tuple(name for name, m in METHODS.items() if m.in_race)
 
 
 def race(models, controls: Controls, methods=RACE_METHODS):
@@ -23,7 +24,7 @@ def race(models, controls: Controls, methods=RACE_METHODS):
     prompt_ids = target.chat_ids(controls.prompt)
     decoders = []
     for method in methods:
-        settings = replace(controls.settings(), method=method, auto_budget=controls.auto_budget and method == "dartree")
+        settings = replace(controls.settings(), method=method, auto_budget=controls.auto_budget and METHODS[method].auto_budget)
         decoders.append(Decoder(target, models.drafter if method in TREE_METHODS else None, prompt_ids, settings,
                                 budget_policy(models, settings)))
 

@@ -12,7 +12,9 @@ from dataclasses import fields
 
 import gradio as gr
 
+from .. import TREE_METHODS
 from ..engine import MIN_DEPTH_BONUS
+from ..methods import METHODS
 from ..errors import UserError
 from ..models.loading import load_models
 from . import figures
@@ -20,7 +22,7 @@ from .compare import race, sweep, sweep_outputs
 from .panels import OUTPUTS, full_render
 from .session import EXAMPLE_PROMPTS, WARNING, Controls, Session, canonical_session, event, export_trace
 
-METHOD_CHOICES = ("dartree", "dartree-fixed", "ddtree", "chain")
+METHOD_CHOICES = tuple(reversed(TREE_METHODS))  # the richest first
 STAGE_BUTTONS = (("Draft", "draft"), ("Next depth", "depth"), ("Prune", "prune"), ("Verify", "verify"),
                  ("Commit", "commit"))  # (label, engine action)
 API_NAMES = {"round": "next_round", "end": "run_to_end"}  # the endpoints named otherwise than their action
@@ -106,6 +108,8 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                     gr.Examples(examples=[[p] for p in EXAMPLE_PROMPTS], inputs=[controls["prompt"]],
                                 label="Example prompts")
                     controls["method"] = gr.Radio(list(METHOD_CHOICES), value=c0.method, label="Method",
+                                                  info=" · ".join(f"{m}: {METHODS[m].description}"
+                                                                  for m in METHOD_CHOICES),
                                                   elem_id="method")
                     controls["width"] = gr.Slider(1, 64, value=c0.width, step=1, label="Width W (kept per depth)")
                     controls["budget"] = gr.Slider(1, 256, value=c0.budget, step=1, label="Budget B (nodes verified)")

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..budget import policy_for
-from ..defaults import CPU_DEFAULTS, shape_for
+from ..budget import policy_for, shape_for
+from ..defaults import CPU_DEFAULTS
 from ..engine import Decoder, DecodeSettings, generate
 from ..errors import UserError
+from ..methods import METHODS
 from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
 from . import panels
 from .adapter import NodeView, TokenTexts, depth_view, draft_view, nodes_from_tree, root_node, tree_view, verify_view
@@ -78,7 +79,7 @@ class Controls:
         return DecodeSettings(method=self.method, width=self.width, budget=self.budget, depth=self.depth,
                               candidates=self.candidates, temperature=self.temperature, seed=self.seed,
                               max_new_tokens=self.max_new_tokens, depth_bonus=self.depth_bonus,
-                              auto_budget=self.auto_budget and self.method == "dartree")
+                              auto_budget=self.auto_budget and self.method in METHODS and METHODS[self.method].auto_budget)
 
     def plain_key(self) -> tuple:
         """What plain decoding's output and speed depend on (the key of `Session.ar_cache`)."""

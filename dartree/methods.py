@@ -1,0 +1,52 @@
+"""The decoding methods, one entry each: what builds its tree, which knobs apply, how it is captioned.
+
+Everything that lists or labels methods (the engine, bench and sweep tables, the CLI's --method help,
+the UI's radio and race) reads this table. Adding a method is one entry here plus its tree builder in
+dartree.tree (a builder follows the protocol there: `step()`, `done`, `finish(budget)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .tree import DepthwiseBuilder, HeapBuilder, fixed_quota_schedule, width_schedule
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str  # short caption (tables, radio buttons)
+    description: str  # one line (CLI help, UI captions)
+    # (settings, draft, corrector, cut_bonus) -> builder; None: plain decoding, no tree
+    builder: Callable | None = None
+    prunes: bool = False  # deferred top-B cut of a wider supertree (its builder's `finish` does it)
+    knobs: tuple[str, ...] = ()  # which of "W", "B" shape its tree
+    auto_budget: bool = False  # whether the cost-aware per-round budget applies
+    in_race: bool = True  # shown in the UI's Race tab
+
+    def make_builder(self, settings, draft, corrector):
+        """This method's builder for one round's draft (dartree's cut ranks with settings.depth_bonus)."""
+        return self.builder(settings, draft, corrector, settings.depth_bonus if self.prunes else None)
+
+
+def _depthwise(schedule):
+    return lambda s, draft, corrector, cut_bonus: DepthwiseBuilder(draft, corrector, schedule(s), s.depth, cut_bonus)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("ar", "plain", "plain decoding: one target forward per token (the reference)"),
+    Method("chain", "chain", "one path, the best corrected child at each depth (DFlash / Domino chain)",
+           _depthwise(lambda s: width_schedule(1))),
+    Method("ddtree", "DDTree", "DDTree's best-first heap over the uncorrected marginals, B nodes",
+           lambda s, draft, corrector, cut_bonus: HeapBuilder(draft, s.budget, s.depth), knobs=("B",)),
+    Method("dartree-fixed", "DARTree fixed", "corrected depth-batched expansion, a per-depth quota summing to B",
+           _depthwise(lambda s: fixed_quota_schedule(s.budget, s.depth)), knobs=("B",), in_race=False),
+    Method("dartree", "DARTree", "the W-wide corrected supertree, then deferred pruning to the best B nodes",
+           _depthwise(lambda s: width_schedule(s.width)), prunes=True, knobs=("W", "B"), auto_budget=True),
+)}
+
+
+def method_help() -> str:
+    """One line per method, for --help texts."""
+    return "; ".join(f"{m.name}: {m.description}" for m in METHODS.values())
