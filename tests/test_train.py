@@ -339,3 +339,13 @@ def test_resumed_legs_are_recorded_and_rendered_in_the_card(target, generated, t
     card.write_text("# new card\n\n## Configuration\n\n{}\n")
     replace_card_section(card, "Measured choices", kept["Measured choices"])
     assert card.read_text().index("## Measured choices") < card.read_text().index("## Configuration")
+
+
+def test_the_train_command_exits_0_when_its_stage_succeeds(monkeypatch):
+    """`python -m dartree train` returns 0, not the stage's result dict (sys.exit of a dict is exit 1: the
+    data-stage loop in scripts/datagen_stages.sh read every finished stage as a failure)."""
+    import dartree.train.cli as train_cli
+    from dartree.cli import main
+
+    monkeypatch.setattr(train_cli, "run_train", lambda args: {"data": {"shards": 1}})
+    assert main(["train", "--preset", "smollm2-cpu-v2", "--stage", "data"]) == 0
