@@ -2,10 +2,9 @@
 
 CPU: measured by `python -m dartree bench --limit 30 --spread --max-new-tokens 128 --best-of
 assets/benchmarks/sweep-cpu.json` (assets/benchmarks/bench-cpu.json, the shipped 16k-vocabulary drafter):
-the sweep's best fixed budget was B = 8 for every tree method; dartree W = 4, B = 8 ran at 1.12x plain
-decoding (per-prompt median 1.09x), its cost-aware budget (W = 2, the sweep's pick) at the same 1.12x
-but a per-prompt median of 1.03x, so the fixed budget is the default and `auto_budget` is off (it stays
-one click or `--budget auto` away). See README, "Speed on this CPU".
+the sweep's best fixed budget was B = 8 for every tree method; dartree W = 4, B = 8 ran at 1.54x plain
+decoding (per-prompt median 1.49x), its cost-aware budget (W = 4) at 1.53x, so the fixed budget is the default and `auto_budget` is off (it stays
+one click or `--budget auto` away). See docs/speed.md, "Speed on this CPU".
 CPU depth bonus (dartree's top-B cut ranks nodes by path score + bonus x depth): -0.2, the best of 0, -0.1
 and -0.2 by τ replayed on the same 30 dev prompts, speeds predicted from the committed cost curve
 (`python -m dartree sweep --limit 30 --spread --max-new-tokens 128 --threads 1 --configs

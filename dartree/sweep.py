@@ -75,7 +75,7 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
 def best_configs(rows: list[dict]) -> list[BenchConfig]:
     """Each method's configuration with the highest predicted tokens/s in a sweep, ar first.
 
-    `bench --best-of SWEEP.json` decodes these for real, so the README's per-method table (each method at
+    `bench --best-of SWEEP.json` decodes these for real, so the speed table's per-method rows (each method at
     its best budget) comes from one named command. dartree's cost-aware budget, when the sweep replayed
     it, is kept as a separate entry, so that it is measured against the best fixed B in the same run.
     """

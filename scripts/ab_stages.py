@@ -1,4 +1,4 @@
-"""One-off A/B behind the README's draft-stage and tree-stage figures, interleaved in one process.
+"""One-off A/B behind docs/speed.md's draft-stage and tree-stage figures, interleaved in one process.
 
 Compares the previous drafter (full 49k head) with the shipped one (16,384-token draft vocabulary) on the
 draft pass, and the previous per-depth PathCorrector (cat + nn.GRU each depth) with the fused one on the

@@ -2,7 +2,7 @@
 
 A stack shaped like SmolLM2-135M (30 layers x 7 linears + the 49k-row LM head, ~513 MB of fp32 random
 weights, so every pass streams them from memory as a real forward does), run over M rows for each path,
-median of 7 passes after a warm-up. README "Speed on this CPU" quotes it.
+median of 7 passes after a warm-up. docs/speed.md quotes it.
 
     .venv/bin/python scripts/linear_costs.py
 """

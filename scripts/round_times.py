@@ -1,5 +1,5 @@
 """Per-round stage times of plain decoding against dartree W = 4, B = 8, decoded for real and interleaved
-(5 dev prompts x 96 tokens; the first pass is a warm-up). README "Where a round goes".
+(5 dev prompts x 96 tokens; the first pass is a warm-up). docs/speed.md, "Where a round goes".
 
     REPS=3 .venv/bin/python scripts/round_times.py
 """

@@ -4,7 +4,7 @@ Tree verification runs the target over B + 1 rows (9-65 here) and the drafter ov
 rows. For such short inputs MKL's `sgemm` spends much of each call re-packing the weight matrix
 into its internal layout. `cblas_sgemm_pack` does that once (`torch.ops.mkl._mkl_reorder_linear_weight`)
 and `cblas_sgemm_compute` (`torch.ops.mkl._mkl_linear`) then only multiplies. Measured on this
-2-core Xeon (`scripts/profile_stages.py` with and without `DARTREE_PACKED_GEMM=0`, README "Speed"):
+2-core Xeon (`scripts/profile_stages.py` with and without `DARTREE_PACKED_GEMM=0`, docs/speed.md):
 the drafter pass fell from 32-34 to 17-21 ms (most of it the 49k-wide LM head over 7 rows) and one
 target forward over 17 tree tokens from 145-168 to 110-114 ms.
 

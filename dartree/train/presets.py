@@ -56,7 +56,7 @@ PRESETS: dict[str, dict] = {
     },
     # A Qwen3-class recipe for GPUs (the Huang2020/Qwen3-4B-Domino-b16 shape: 16-token blocks). Written from
     # Qwen3-4B's public config; not run here (no GPU was lent to this project). Use with --device cuda,
-    # and torchrun for several GPUs (see the README).
+    # and torchrun for several GPUs (see docs/training.md).
     "qwen3-4b-gpu": {
         "target": "Qwen/Qwen3-4B",
         "drafter": {
