@@ -143,7 +143,8 @@ def make_builder(settings: DecodeSettings, block, corrector):
 def sibling_count(settings: DecodeSettings) -> int:
     """Tokens per depth the drafter must rank beyond the C candidates: DDTree's heap takes up to B siblings
     per depth from the whole vocabulary (dartree.tree.ddtree_heap); 0 where the C candidates suffice."""
-    return settings.budget if settings.method == "ddtree" and settings.budget > settings.candidates else 0
+    wide = REGISTRY[settings.method].whole_vocab_siblings
+    return settings.budget if wide and settings.budget > settings.candidates else 0
 
 
 def round_budget(settings: DecodeSettings, supertree: Tree, budget_policy=None) -> int:

@@ -24,6 +24,8 @@ class Method:
     knobs: tuple[str, ...] = ()  # which of "W", "B" shape its tree
     auto_budget: bool = False  # whether the cost-aware per-round budget applies
     in_race: bool = True  # shown in the UI's Race tab
+    whole_vocab_siblings: bool = False  # ranks up to B siblings per depth over the whole vocabulary, not C
+    depth_caption: str = ""  # what one depth step kept, with {kept} and {width} filled in (the UI's narration)
 
     def make_builder(self, settings, draft, corrector):
         """This method's builder for one round's draft (dartree's cut ranks with settings.depth_bonus)."""
@@ -37,13 +39,16 @@ def _depthwise(schedule):
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "plain", "plain decoding: one target forward per token (the reference)"),
     Method("chain", "chain", "one path, the best corrected child at each depth (DFlash / Domino chain)",
-           _depthwise(lambda s: width_schedule(1))),
+           _depthwise(lambda s: width_schedule(1)), depth_caption="kept the single best child (a chain)"),
     Method("ddtree", "DDTree", "DDTree's best-first heap over the uncorrected marginals, B nodes",
-           lambda s, draft, corrector, cut_bonus: HeapBuilder(draft, s.budget, s.depth), knobs=("B",)),
+           lambda s, draft, corrector, cut_bonus: HeapBuilder(draft, s.budget, s.depth), knobs=("B",),
+           whole_vocab_siblings=True),
     Method("dartree-fixed", "DARTree fixed", "corrected depth-batched expansion, a per-depth quota summing to B",
-           _depthwise(lambda s: fixed_quota_schedule(s.budget, s.depth)), knobs=("B",), in_race=False),
+           _depthwise(lambda s: fixed_quota_schedule(s.budget, s.depth)), knobs=("B",), in_race=False,
+           depth_caption="kept its quota of the {kept} best"),
     Method("dartree", "DARTree", "the W-wide corrected supertree, then deferred pruning to the best B nodes",
-           _depthwise(lambda s: width_schedule(s.width)), prunes=True, knobs=("W", "B"), auto_budget=True),
+           _depthwise(lambda s: width_schedule(s.width)), prunes=True, knobs=("W", "B"), auto_budget=True,
+           depth_caption="kept the global top {kept} (W = {width})"),
 )}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import singledispatch
 
+from ..methods import METHODS
 from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
 
 
@@ -35,9 +36,7 @@ def _draft(rec: DraftRecord, session) -> str:
 @narrate.register
 def _depth(rec: DepthRecord, session) -> str:
     s, dv = session.decoder.settings, session.round.depths[-1]
-    how = {"chain": "kept the single best child (a chain)",
-           "dartree-fixed": f"kept its quota of the {dv['kept']} best",
-           "dartree": f"kept the global top {dv['kept']} (W = {s.width})"}[s.method]
+    how = METHODS[s.method].depth_caption.format(kept=dv["kept"], width=s.width)
     sentence = (f"Depth {rec.depth}: expanded {len(dv['frontier'])} frontier node(s) × {dv['candidates']} "
                 f"candidates = {dv['examined']} children, re-scored them with the correction head and {how}.")
     if session.decoder.next_stage == "prune":
