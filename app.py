@@ -11,13 +11,20 @@ import torch
 from dartree.ui.layout import CSS, build_demo
 
 
-def main():
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # Gradio reads it when the app starts
+def set_threads() -> int:
+    """Pin torch's CPU threads as DARTREE_THREADS says (see the module's doc); returns the count in use.
+    scripts/measure_explorer.py calls it too, so that its bench runs as the app does."""
     threads = int(os.environ.get("DARTREE_THREADS", "0") or 0)
     if threads <= 0 and (os.cpu_count() or 1) <= 2:
         threads = 1
     if threads > 0:
         torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def main():
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # Gradio reads it when the app starts
+    set_threads()
     t0 = time.perf_counter()
     demo = build_demo()
     print(f"[dartree] explorer ready in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -22,11 +22,13 @@ import torch
 
 from .cache import compact_cache, truncate_cache
 from .defaults import AUTO_BUDGET_CAP  # noqa: F401  (re-exported: sweep and the CLI read it here)
-from .engine import DecodeSettings, generate
+from . import timing
+from .engine import DecodeSettings
 from .errors import UserError
 from .draft import DrafterContext, draft_block
 from .methods import METHODS
 from .trace import STAGE_KEYS
+from .timing import tokens_per_second as _tokens_per_second
 from .tree import Tree
 
 
@@ -124,15 +126,14 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
 
     target, drafter = models.target, models.drafter
     ids_list = [target.chat_ids(p) for p in prompts]
-    for cfg in configs:  # warm-up: first calls allocate and pick kernels
-        generate(target, drafter, ids_list[0], replace(cfg.settings(base), max_new_tokens=warmup_tokens),
-                 budget_policy)
+    settings = [cfg.settings(base) for cfg in configs]
+    timing.warm_up(target, drafter, ids_list[0], settings, budget_policy, warmup_tokens)
     per = {cfg: [] for cfg in configs}
     bar = tqdm(total=len(ids_list) * len(configs), disable=not progress, desc="bench", unit="run")
-    for ids in ids_list:
-        for cfg in configs:
-            per[cfg].append(generate(target, drafter, ids, cfg.settings(base), budget_policy))
-            bar.update(1)
+    for ids in ids_list:  # prompt by prompt, every config whole in turn (dartree.timing)
+        for cfg, runs in zip(configs, timing.alternate(target, drafter, ids, settings, budget_policy,
+                                                       on_run=lambda: bar.update(1))):
+            per[cfg] += runs
     bar.close()
 
     ar_runs = per[configs[0]]
@@ -183,13 +184,6 @@ def _by_source(runs, ar_runs, sources: list[str]) -> dict:
                     "tau": sum(x.committed for r in mine for x in r.round_records) / rounds if rounds else 0.0,
                     "speedup_vs_ar": _tokens_per_second(mine) / ar_tps if ar_tps else 0.0}
     return out
-
-
-def _tokens_per_second(runs) -> float:
-    """Decode tokens per decode second over runs (ratio of sums: long runs weigh more, as they should)."""
-    tokens = sum(max(r.new_tokens - 1, 0) for r in runs)
-    seconds = sum(r.decode_seconds for r in runs)
-    return tokens / seconds if seconds else 0.0
 
 
 def format_table(results: dict) -> str:

@@ -83,8 +83,8 @@ def test_page_loads_filled_and_a_round_clicks_through(server):
             assert "next stage: draft" in page.locator("#status").inner_text()
             assert page.locator("#text").inner_text().strip()
             assert page.locator(".js-plotly-plot").count() >= 9
-            page.locator("#btn-measure").click()  # time plain decoding for the speed panel
-            _wait_status(page, "Plain decoding of the same prompt")
+            page.locator("#btn-measure").click()  # whole runs of plain decoding and the method, for the speed panel
+            _wait_status(page, "whole runs each of plain decoding")
             page.wait_for_timeout(500)
             shot = SHOTS / "explorer-round.png"
             page.screenshot(path=str(shot), full_page=True)

@@ -74,7 +74,8 @@ def test_first_load_has_every_panel_filled(canonical, models):
     committed = first["summary"]["text"]
     assert committed.strip() and committed.replace("\n", "") in shown_text(first["text"])  # the round's words
     assert first["summary"]["rounds"] == 1 and first["summary"]["next_stage"] == "draft"
-    assert "ratio" in first["speed_md"]  # plain decoding was timed at start-up
+    assert "Whole runs" in first["speed_md"] and "no ratio" in first["speed_md"]  # timed at start-up; 11 tokens
+    assert "reference" in first["speed_md"]  # the machine's bench result for the default shape
     assert models.drafter_description.startswith("trained on")  # the shipped drafter is the default
     banner = layout.drafter_banner(models)
     assert "UNTRAINED" not in banner and "trained on" in banner
@@ -165,7 +166,8 @@ def test_run_to_end_trace_and_speed(canonical, plain):
     out = event(session, "end", **dict(SMALL, max_new_tokens=6))
     s = out["summary"]
     assert s["next_stage"] == "done" and s["output_ids"] == plain[:6]
-    assert "ratio" in out["speed_md"] and len(out["speed_fig"].data[0].x) == 2
+    assert "Whole runs" in out["speed_md"] and len(out["speed_fig"].data[0].x) == 2
+    assert "no ratio: 5 decoded tokens" in out["speed_md"]  # too few tokens for a ratio
     assert len(out["timeline_fig"].data) == 4
     out = event(session, "depth", **dict(SMALL, max_new_tokens=6))
     assert "finished" in out["status"]
@@ -188,8 +190,9 @@ def test_play_ticks_one_step_each(canonical):
 
 def test_race_streams_and_is_lossless(models, plain):
     controls = Controls(**dict(SMALL, budget=8, max_new_tokens=5))
-    snapshots = list(compare.race(models, controls))
+    snapshots = list(compare.race(models, controls, pace=False))
     assert len(snapshots) >= 2 and all(len(s) == 4 for s in snapshots)
+    assert not any(lane["text"] for lane in snapshots[0])  # timing first, then the replay
     final = snapshots[-1]
     assert all(lane["finished"] for lane in final)
     assert len({lane["text"] for lane in final}) == 1  # T = 0: every method says the same

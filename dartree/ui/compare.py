@@ -1,49 +1,81 @@
 """The Race and Sweep tabs: several decoders on the same prompt, measured on this machine.
 
-`race` streams the methods side by side, one round each in turn; `sweep` runs DARTree over a W × B grid.
-Both are plain Python on the real engine (no Gradio), sharing the Explorer's controls and engine lock.
+`race` times every method as whole runs (dartree.timing, as `bench` does), then replays their texts side by
+side on one clock; `sweep` replays DARTree over a W × B grid: exact τ, and speeds predicted from the committed
+cost curve. Both are plain Python on the real engine (no Gradio), sharing the Explorer's controls and engine lock.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
-from .. import TREE_METHODS
+from .. import timing
+from ..bench import BenchConfig, cost_curve
 from ..methods import METHODS
-from ..engine import Decoder, generate
+from ..replay import greedy_outputs, make_continuation
+from ..replay import sweep as replay_sweep
+from ..sweep import committed_costs
 from ..errors import UserError
 from . import figures
+from .reference import BENCH_DIR
 from .session import ENGINE_LOCK, Controls, Session, budget_policy
 
+COSTS = {"cpu": BENCH_DIR / "sweep-cpu.json"}  # device type -> a committed sweep with its cost curve
 RACE_METHODS = tuple(name for name, m in METHODS.items() if m.in_race)
 
 
-def race(models, controls: Controls, methods=RACE_METHODS):
-    """Generator: every method decodes the same prompt, one round each in turn; yields the lanes."""
+RACE_NOTE = ("How it was measured: every method decodes the prompt as whole runs, one after another, "
+             f"{timing.UI_REPEATS} runs each in turn, warm (dartree.timing, as `bench` does), so no decoder slows "
+             "another; tokens/s and the ratio to plain decoding come from those runs. The texts then replay each "
+             "method's last run, round by round, on one clock at its real speed.")
+
+
+def race(models, controls: Controls, methods=RACE_METHODS, pace: bool = True):
+    """Generator of lanes (one dict per method): empty lanes first, then, once every method has been timed
+    as whole runs (dartree.timing), the texts growing on one clock from each run's real round timings.
+    `pace` sleeps between frames so the replay runs at real speed."""
     target = models.target
     prompt_ids = target.chat_ids(controls.prompt)
-    decoders = []
-    for method in methods:
-        settings = replace(controls.settings(), method=method, auto_budget=controls.auto_budget and METHODS[method].auto_budget)
-        decoders.append(Decoder(target, models.drafter if method in TREE_METHODS else None, prompt_ids, settings,
-                                budget_policy(models, settings)))
+    base = controls.settings()
+    settings = [replace(base, method=m, auto_budget=base.auto_budget and METHODS[m].auto_budget) for m in methods]
+    yield [_lane(m, "", 0, 0, None) for m in methods]
+    with ENGINE_LOCK:
+        runs = timing.alternate(target, models.drafter, prompt_ids, settings, budget_policy(models, base),
+                                timing.UI_REPEATS)
+    ar = timing.tokens_per_second(runs[methods.index("ar")]) if "ar" in methods else None
+    clocks = [_clock(r[-1]) for r in runs]  # (seconds at the end of each round, tokens by then)
+    end = max(c[-1][0] for c in clocks)
+    frames = max(8, min(40, len(max(clocks, key=len))))
+    for k in range(1, frames + 1):
+        t = end * k / frames
+        lanes = []
+        for m, r, clock in zip(methods, runs, clocks):
+            done = [(s, n) for s, n in clock if s <= t + 1e-12]
+            tps = timing.tokens_per_second(r)
+            lanes.append(_lane(m, target.decode(r[-1].token_ids[:done[-1][1]]), done[-1][1], len(done) - 1,
+                               {"tps": tps, "tau": sum(x.tau * x.rounds for x in r) / max(sum(x.rounds for x in r), 1),
+                                "ratio": tps / ar if ar else None, "runs": len(r)},
+                               finished=len(done) == len(clock)))
+        yield lanes
+        if pace and k < frames:
+            time.sleep(end / frames)
 
-    def lanes():
-        out = []
-        for d in decoders:
-            res = d.result() if d.rounds else None
-            out.append({"method": d.settings.method, "text": target.decode(d.output), "tokens": len(d.output),
-                        "rounds": len(d.rounds), "tau": res.tau if res else 0.0,
-                        "tps": res.tokens_per_second if res else 0.0, "finished": d.next_stage == "done"})
-        return out
 
-    yield lanes()
-    while any(d.next_stage != "done" for d in decoders):
-        for d in decoders:
-            if d.next_stage != "done":
-                with ENGINE_LOCK:
-                    d.run_round()
-        yield lanes()
+def _clock(run) -> list[tuple[float, int]]:
+    """(decode seconds elapsed, tokens committed) after the prefill and after each round of a run."""
+    points, seconds, tokens = [(0.0, 1)], 0.0, 1
+    for rec in run.round_records:
+        seconds += sum(rec.seconds.values())
+        tokens += rec.committed
+        points.append((seconds, tokens))
+    return points
+
+
+def _lane(method: str, text: str, tokens: int, rounds: int, measured: dict | None, finished: bool = False) -> dict:
+    m = measured or {}
+    return {"method": method, "text": text, "tokens": tokens, "rounds": rounds, "tau": m.get("tau", 0.0),
+            "tps": m.get("tps", 0.0), "ratio": m.get("ratio"), "runs": m.get("runs", 0), "finished": finished}
 
 
 def parse_ints(text: str, name: str, lo: int, hi: int, most: int = 6) -> list[int]:
@@ -63,8 +95,9 @@ def parse_ints(text: str, name: str, lo: int, hi: int, most: int = 6) -> list[in
 
 def sweep(session: Session, widths_text: str, budgets_text: str, prompts_text: str, max_new_tokens: int,
           progress=None) -> dict:
-    """DARTree over a W × B grid on a few prompts: mean τ and mean speed-up over plain decoding. The other
-    settings (depth, candidates, temperature, seed, depth bonus) are the Explorer's."""
+    """DARTree over a W × B grid on a few prompts, replayed (dartree.replay): mean τ, exact at T = 0, and the mean
+    speed-up over plain decoding PREDICTED from a cost curve (`sweep_costs`). The other settings (depth,
+    candidates, seed, depth bonus) are the Explorer's; the temperature is 0, where replay is exact."""
     widths = parse_ints(widths_text, "W values", 1, 64)
     budgets = parse_ints(budgets_text, "B values", 1, 256)
     prompts = [p.strip() for p in str(prompts_text).splitlines() if p.strip()]
@@ -76,49 +109,56 @@ def sweep(session: Session, widths_text: str, budgets_text: str, prompts_text: s
     if not 1 <= max_new_tokens <= 256:
         raise UserError("max new tokens for the sweep must be between 1 and 256")
     models, target = session.models, session.models.target
+    if models.drafter is None:
+        raise UserError("the sweep replays DARTree, which needs a drafter")
     base = replace((session.controls or Controls()).settings(), method="dartree", auto_budget=False,
-                   max_new_tokens=max_new_tokens)
-    total = len(prompts) * (1 + len(widths) * len(budgets))
-    done = 0
+                   max_new_tokens=max_new_tokens, temperature=0.0)
+    total, done = 2 + len(widths) * len(budgets), 0
 
     def tick(desc):
         if progress is not None:
             progress((done, total), desc=desc)
 
-    baselines = []
-    for p in prompts:
-        tick(f"plain decoding: {p[:30]}")
-        baselines.append(session.plain_decoding(p, max_new_tokens, base.temperature, base.seed))
+    tick("the cost curve")
+    with ENGINE_LOCK:
+        costs = sweep_costs(models, prompts[0])
         done += 1
+        tick("plain decoding of the prompts")
+        conts = [make_continuation(target, models.drafter, ids, out)
+                 for ids, out in greedy_outputs(models, prompts, max_new_tokens, progress=False)]
+    done += 1
     tau = [[None] * len(budgets) for _ in widths]
     speedup = [[None] * len(budgets) for _ in widths]
     rows = []
     for i, w in enumerate(widths):
         for j, b in enumerate(budgets):
-            taus, ratios = [], []
-            for p, ar in zip(prompts, baselines):
-                tick(f"W={w}, B={b}: {p[:30]}")
-                with ENGINE_LOCK:
-                    r = generate(target, models.drafter, target.chat_ids(p), replace(base, width=w, budget=b))
-                taus.append(r.tau)
-                ratios.append(r.tokens_per_second / ar["tps"] if ar["tps"] > 0 else 0.0)
-                done += 1
-            tau[i][j] = sum(taus) / len(taus)
-            speedup[i][j] = sum(ratios) / len(ratios)
+            tick(f"W={w}, B={b}")
+            with ENGINE_LOCK:
+                row = replay_sweep(models, conts, [BenchConfig("dartree", w, b)], base, costs, progress=False)[0]
+            tau[i][j], speedup[i][j] = row["tau"], row["predicted_speedup"]
             rows.append({"W": w, "B": b, "tau": round(tau[i][j], 3), "speedup": round(speedup[i][j], 3)})
+            done += 1
     tick("done")
     session.sweep = {"widths": widths, "budgets": budgets, "tau": tau, "speedup": speedup, "rows": rows,
-                     "prompts": prompts, "max_new_tokens": max_new_tokens}
+                     "prompts": prompts, "max_new_tokens": max_new_tokens, "costs": costs.get("source", "measured now")}
     return session.sweep
+
+
+def sweep_costs(models, prompt: str) -> dict:
+    """The cost curve the sweep predicts speed from: the committed one measured on this kind of device
+    (COSTS, quiet-machine figures: a busy machine's own would mislead), else measured here now."""
+    path = COSTS.get(models.target.device.type)
+    return committed_costs(path) if path is not None and path.exists() else cost_curve(models, prompt)
 
 
 def sweep_outputs(result: dict | None, drafter_description: str):
     """(τ figure, speed-up figure, table rows) of a sweep's result (empty panels before the first)."""
     if not result:
-        return (figures.grid_figure("τ (tokens per round)", [], [], []),
-                figures.grid_figure("speed-up over plain decoding", [], [], []), [])
+        return (figures.grid_figure("τ (tokens per round), replayed", [], [], []),
+                figures.grid_figure("PREDICTED speed-up over plain decoding", [], [], []), [])
     w, b = result["widths"], result["budgets"]
     note = " (UNTRAINED drafter)" if drafter_description.startswith("UNTRAINED") else ""
-    return (figures.grid_figure(f"τ: mean tokens per round{note}", w, b, result["tau"]),
-            figures.grid_figure(f"speed-up over plain decoding{note}", w, b, result["speedup"], colorscale="RdBu"),
+    return (figures.grid_figure(f"τ: mean tokens per round, replayed{note}", w, b, result["tau"]),
+            figures.grid_figure(f"PREDICTED speed-up over plain decoding{note}", w, b, result["speedup"],
+                                colorscale="RdBu"),
             [[r["W"], r["B"], r["tau"], r["speedup"]] for r in result["rows"]])

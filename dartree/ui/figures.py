@@ -370,21 +370,32 @@ def correction_figure(depth: dict | None, candidates: int) -> go.Figure:
 
 
 def speed_figure(speed: dict | None) -> go.Figure:
-    """Measured tokens/s of the method and of plain decoding on the same prompt."""
-    title = "7 · Live speed on this machine (decode tokens/s)"
-    if not speed:
-        return placeholder(title, "Filled after the first committed round")
-    names, values, labels = [speed["method"]], [speed["tps"]], [f"{speed['tps']:.1f} tok/s<br>τ = {speed['tau']:.2f}"]
-    if speed.get("ar"):
-        names.append("ar (plain)")
-        values.append(speed["ar"]["tps"])
-        labels.append(f"{speed['ar']['tps']:.1f} tok/s<br>τ = 1")
-    top = max(values + [1e-3]) * 1.35
-    fig = _base(f"{title}<br><sup>{speed['caption']}</sup>", SMALL_HEIGHT)
-    fig.add_trace(go.Bar(x=names, y=values, text=labels, textposition="outside",
-                         marker_color=["#2f6db5", "#9a9a9a"][: len(names)], width=0.5,
-                         hovertemplate="%{x}: %{y:.2f} tok/s<extra></extra>"))
-    fig.update_yaxes(range=[0, top], title="tokens / s", fixedrange=True)
+    """Whole runs' tokens/s of the method and of plain decoding once timed; before that, each round's τ
+    against its time in plain steps (a round that commits more tokens than its plain steps beat plain)."""
+    if not speed or (speed["measured"] is None and not speed["rounds"]):
+        return placeholder("7 · Speed on this machine", "Filled after the first committed round")
+    m = speed["measured"]
+    if m is None:
+        rounds = speed["rounds"]
+        fig = _base(f"7 · Each round: tokens vs its time in plain steps<br><sup>{speed['caption']}</sup>",
+                    SMALL_HEIGHT)
+        x = [r["round"] for r in rounds]
+        for key, name, colour in (("tokens", "tokens committed (τ)", "#2f6db5"),
+                                  ("steps", "time in plain steps", "#9a9a9a")):
+            fig.add_trace(go.Bar(x=x, y=[r[key] for r in rounds], name=name, marker_color=colour,
+                                 hovertemplate=f"round %{{x}}: %{{y:.2f}} {name}<extra></extra>"))
+        fig.update_layout(barmode="group", showlegend=True,
+                          legend=dict(orientation="h", y=1.0, x=1, xanchor="right", yanchor="bottom"))
+        fig.update_xaxes(range=[-0.6, max(len(rounds), 8) - 0.4], title="round", dtick=1, fixedrange=True)
+        top = max(max(r["tokens"], r["steps"]) for r in rounds)
+        fig.update_yaxes(range=[0, top * 1.2], fixedrange=True)
+        return fig
+    names, values = [m["method"], "ar (plain)"], [m["tps"], m["ar_tps"]]
+    labels = [f"{m['tps']:.1f} tok/s<br>τ = {m['tau']:.2f}", f"{m['ar_tps']:.1f} tok/s<br>τ = 1"]
+    fig = _base(f"7 · Whole runs on this prompt (decode tokens/s)<br><sup>{speed['caption']}</sup>", SMALL_HEIGHT)
+    fig.add_trace(go.Bar(x=names, y=values, text=labels, textposition="outside", marker_color=["#2f6db5", "#9a9a9a"],
+                         width=0.5, hovertemplate="%{x}: %{y:.2f} tok/s<extra></extra>"))
+    fig.update_yaxes(range=[0, max(values + [1e-3]) * 1.35], title="tokens / s", fixedrange=True)
     fig.update_xaxes(range=[-0.6, 1.6], fixedrange=True)
     return fig
 
@@ -411,29 +422,36 @@ def timeline_figure(rounds: list[dict]) -> go.Figure:
 
 # ---------------------------------------------------------------------------------------- race, sweep
 def race_html(lanes: list[dict]) -> str:
-    """One card per method with its text so far and its measured speed."""
+    """One card per method with its text so far and its speed from whole runs (`data-` attributes carry
+    the numbers for scripts: scripts/measure_explorer.py reads them)."""
     cards = []
     for lane in lanes:
-        status = "finished" if lane.get("finished") else "running"
+        status = "finished" if lane.get("finished") else ("replaying" if lane.get("runs") else "timing")
         body = html.escape(lane.get("text", "")).replace("\n", "<br>") or "<i>…</i>"
+        ratio = lane.get("ratio")
+        speed = (f"{lane.get('tps', 0.0):.1f} tok/s" + (f" · <b>{ratio:.2f}×</b> plain" if ratio and lane["method"] != "ar"
+                                                       else "")) if lane.get("runs") else "timing…"
         cards.append(
-            "<div style='flex:1;min-width:200px;border:1px solid #ddd;border-radius:8px;padding:8px;background:#fafafa'>"
+            f"<div class='dt-lane' data-method='{html.escape(lane['method'])}' data-tps='{lane.get('tps', 0.0):.4f}' "
+            f"data-ratio='{'' if ratio is None else f'{ratio:.4f}'}' "
+            "style='flex:1;min-width:200px;border:1px solid #ddd;border-radius:8px;padding:8px;background:#fafafa'>"
             f"<div style='font-weight:600'>{html.escape(lane['method'])} "
             f"<span style='color:#888;font-weight:400'>({status})</span></div>"
             f"<div style='font-size:12px;color:#555'>{lane.get('tokens', 0)} tokens · {lane.get('rounds', 0)} rounds · "
-            f"τ {lane.get('tau', 0.0):.2f} · {lane.get('tps', 0.0):.1f} tok/s</div>"
+            f"τ {lane.get('tau', 0.0):.2f} · {speed}</div>"
             f"<div style='margin-top:6px;font-size:14px;line-height:1.5;color:#222'>{body}</div></div>")
     return "<div style='display:flex;gap:8px;flex-wrap:wrap'>" + "".join(cards) + "</div>"
 
 
 def race_figure(lanes: list[dict]) -> go.Figure:
-    title = "Measured decode speed (tokens/s)"
-    if not lanes:
-        return placeholder(title, "Press Start race")
+    title = "Decode speed from whole runs (tokens/s)"
+    if not lanes or not any(lane.get("runs") for lane in lanes):
+        return placeholder(title, "Press Start race" if not lanes else "Timing whole runs…")
     fig = _base(title, SMALL_HEIGHT)
     values = [lane.get("tps", 0.0) for lane in lanes]
-    fig.add_trace(go.Bar(x=[lane["method"] for lane in lanes], y=values,
-                         text=[f"{v:.1f}" for v in values], textposition="outside",
+    text = [f"{v:.1f}" + (f" ({lane['ratio']:.2f}×)" if lane.get("ratio") and lane["method"] != "ar" else "")
+            for v, lane in zip(values, lanes)]
+    fig.add_trace(go.Bar(x=[lane["method"] for lane in lanes], y=values, text=text, textposition="outside",
                          marker_color=["#9a9a9a", "#72b7b2", "#f58518", "#2f6db5", "#b279a2"][: len(lanes)]))
     fig.update_yaxes(range=[0, max(values + [1e-3]) * 1.3], fixedrange=True)
     fig.update_xaxes(fixedrange=True)

@@ -18,9 +18,9 @@ from ..methods import METHODS
 from ..errors import UserError
 from ..models.loading import load_models
 from . import figures
-from .compare import race, sweep, sweep_outputs
+from .compare import RACE_NOTE, race, sweep, sweep_outputs
 from .panels import OUTPUTS, full_render
-from .session import EXAMPLE_PROMPTS, WARNING, Controls, Session, canonical_session, event, export_trace
+from .session import EXAMPLES, WARNING, Controls, Session, canonical_session, event, export_trace
 
 METHOD_CHOICES = tuple(reversed(TREE_METHODS))  # the richest first
 STAGE_BUTTONS = (("Draft", "draft"), ("Next depth", "depth"), ("Prune", "prune"), ("Verify", "verify"),
@@ -105,8 +105,9 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                 with gr.Column(scale=1, min_width=280):
                     controls["prompt"] = gr.Textbox(value=c0.prompt, label="Prompt", lines=3, max_lines=8,
                                                     elem_id="prompt")
-                    gr.Examples(examples=[[p] for p in EXAMPLE_PROMPTS], inputs=[controls["prompt"]],
-                                label="Example prompts")
+                    gr.Examples(examples=[[e["prompt"]] for e in EXAMPLES], inputs=[controls["prompt"]],
+                                example_labels=[e["label"] for e in EXAMPLES],
+                                label="Example prompts (one of each kind the dev sets measure)")
                     controls["method"] = gr.Radio(list(METHOD_CHOICES), value=c0.method, label="Method",
                                                   info=" · ".join(f"{m}: {METHODS[m].description}"
                                                                   for m in METHOD_CHOICES),
@@ -145,7 +146,8 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                         b_play = gr.Button("▶ Play", elem_id="btn-play", min_width=80)
                         buttons["end"] = gr.Button("Run to end", elem_id="btn-end", min_width=80)
                         buttons["reset"] = gr.Button("Reset", variant="stop", elem_id="btn-reset", min_width=80)
-                    buttons["measure"] = gr.Button("Time plain decoding", size="sm", elem_id="btn-measure")
+                    buttons["measure"] = gr.Button("Time whole runs (plain and this method)", size="sm",
+                                                   elem_id="btn-measure")
                     gr.Markdown(EXPLAIN)
                 with gr.Column(scale=3):
                     out["status"] = gr.Markdown(first["status"], label="Status", elem_id="status")
@@ -214,7 +216,7 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
 
         with gr.Tab("Race"):
             gr.Markdown("Plain decoding, chain, DDTree and DARTree on the same prompt and settings (from the Explorer "
-                        "controls), taking one round each in turn so their texts stream side by side.")
+                        "controls). " + RACE_NOTE)
             b_race = gr.Button("Start race", variant="primary", elem_id="btn-race")
             race_status = gr.Markdown("")
             race_box = gr.HTML(figures.race_html([]))
@@ -223,9 +225,14 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
             def on_race(**values):
                 try:
                     for lanes in race(models, Controls.of(**values)):
-                        done = all(lane["finished"] for lane in lanes)
+                        if not any(lane["runs"] for lane in lanes):
+                            status = "Timing whole runs of every method, one after another…"
+                        elif all(lane["finished"] for lane in lanes):
+                            status = "Finished: tokens/s and ratios from whole runs; the texts replayed their real rounds."
+                        else:
+                            status = "Replaying each method's real round timings on one clock…"
                         yield {race_box: figures.race_html(lanes), race_plot: figures.race_figure(lanes),
-                               race_status: "Finished." if done else "Racing… one round per method per turn."}
+                               race_status: status}
                 except UserError as exc:
                     gr.Warning(str(exc))
                     yield {race_status: f"⚠️ **{exc}**"}
@@ -233,13 +240,17 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
             b_race.click(on_race, [], [race_box, race_plot, race_status], inputs_kwargs=controls, api_name="race")
 
         with gr.Tab("Sweep"):
-            gr.Markdown("DARTree over a grid of widths W and budgets B on a few prompts: mean τ (tokens per round) and "
-                        "mean speed-up over plain decoding, measured here. Results stay in this session.")
+            gr.Markdown("DARTree over a grid of widths W and budgets B on a few prompts, at temperature 0: mean τ "
+                        "(tokens per round), exact, from replaying each setting on plain decoding's output, and the "
+                        "mean speed-up over plain decoding **predicted** from the cost curve of this kind of machine "
+                        "(`assets/benchmarks/sweep-cpu.json` on a CPU): predictions, not timings; the Explorer and "
+                        "the Race time real runs. Results stay in this session.")
             with gr.Row():
                 sw_w = gr.Textbox("2,4,8", label="W values")
                 sw_b = gr.Textbox("8,16,32", label="B values")
                 sw_n = gr.Slider(4, 64, value=16, step=1, label="Max new tokens per run")
-            sw_p = gr.Textbox("\n".join(EXAMPLE_PROMPTS[1:3]), lines=3, label="Prompts (one per line)")
+            sw_p = gr.Textbox("\n".join(e["prompt"] for e in EXAMPLES if "\n" not in e["prompt"]), lines=3,
+                              label="Prompts (one per line)")
             b_sweep = gr.Button("Run sweep", variant="primary")
             sweep_status = gr.Markdown("")
             tau_f, speed_f, rows = sweep_outputs(None, models.drafter_description)
@@ -256,7 +267,8 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                     return {sweep_status: f"⚠️ **{exc}**"}
                 tau_f, speed_f, rows = sweep_outputs(result, models.drafter_description)
                 return {state: session, tau_plot: tau_f, speed_plot: speed_f, sweep_table: rows,
-                        sweep_status: f"Swept {len(rows)} settings on {len(result['prompts'])} prompt(s)."}
+                        sweep_status: f"Replayed {len(rows)} settings on {len(result['prompts'])} prompt(s); speeds "
+                                      f"predicted from {result['costs']}."}
 
             b_sweep.click(on_sweep, [state, sw_w, sw_b, sw_p, sw_n],
                           [state, tau_plot, speed_plot, sweep_table, sweep_status], api_name="sweep")

@@ -11,6 +11,9 @@ from dataclasses import asdict
 
 from . import figures, narrate
 from .adapter import text_segments
+from .reference import bench_reference
+
+MIN_RATIO_TOKENS = 16  # the fewest decoded tokens a speed ratio is shown for (see `session.Session.whole_runs`)
 
 PANELS: dict = {}  # name -> function(session) -> the component's value
 
@@ -122,14 +125,17 @@ def _prune(session) -> dict | None:
 
 
 def _speed(session) -> dict | None:
+    """The speed panel's numbers: per round (τ and its time in plain steps), the whole-run timing once made,
+    and the machine's bench reference for the shape."""
     dec = session.decoder
     if dec is None or not dec.rounds:
         return None
-    res = dec.result()
-    ar = session.cached_plain()
-    ratio = res.tokens_per_second / ar["tps"] if ar and ar["tps"] > 0 else None
-    return {"method": dec.settings.method, "tps": res.tokens_per_second, "tau": res.tau, "ar": ar, "ratio": ratio,
-            "caption": narrate.speed_caption(res, ar, ratio)}
+    t_ar = session.step_seconds.get(session.controls.prompt)
+    rounds = [{"round": r.round, "tokens": r.committed, "seconds": sum(r.seconds.values()),
+               "steps": sum(r.seconds.values()) / t_ar} for r in dec.rounds] if t_ar else []
+    speed = {"method": dec.settings.method, "t_ar": t_ar, "rounds": rounds, "measured": session.measured(),
+             "reference": bench_reference(dec.settings, dec.device.type), "min_tokens": MIN_RATIO_TOKENS}
+    return dict(speed, caption=narrate.speed_caption(speed))
 
 
 def summary(session) -> dict:

@@ -17,7 +17,7 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import singledispatch
 from pathlib import Path
 
@@ -25,22 +25,24 @@ import pandas as pd
 
 from ..budget import policy_for, shape_for
 from ..defaults import CPU_DEFAULTS
-from ..engine import Decoder, DecodeSettings, generate
+from .. import timing
+from ..engine import Decoder, DecodeSettings
 from ..errors import UserError
 from ..methods import METHODS
 from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
 from . import panels
+from .panels import MIN_RATIO_TOKENS
 from .adapter import NodeView, TokenTexts, depth_view, draft_view, nodes_from_tree, root_node, tree_view, verify_view
 from .narrate import narrate
 
-DEFAULT_PROMPT = "Write one sentence about the ocean."
-EXAMPLE_PROMPTS = (
-    DEFAULT_PROMPT,
-    "What is the capital of France?",
-    "List three primary colours.",
-    "Explain what a binary tree is in one sentence.",
-    "Write a haiku about autumn.",
-)
+# One prompt of each kind the dev sets measure (chat, code, math, a long document), copied with its file and row
+# from ../shared/data (the app ships without it): the first of its source in the file (for chat, the first on one
+# line, so that it reads well as the worked example). Not chosen for speed: the speed panel shows the machine's
+# bench reference beside any one prompt's figure.
+EXAMPLES = tuple(json.loads(Path(__file__).with_name("examples.json").read_text()))
+EXAMPLE_PROMPTS = tuple(e["prompt"] for e in EXAMPLES)
+DEFAULT_PROMPT = EXAMPLE_PROMPTS[0]
+PROBE_TOKENS = 16  # plain steps timed for t_AR when no whole run of the prompt was timed yet
 ENGINE_LOCK = threading.RLock()
 STAGE_ORDER = {"draft": 0, "depth": 1, "prune": 2, "verify": 3, "commit": 4}
 TRACE_DIR = Path(tempfile.gettempdir()) / "dartree-traces"
@@ -80,10 +82,6 @@ class Controls:
                               candidates=self.candidates, temperature=self.temperature, seed=self.seed,
                               max_new_tokens=self.max_new_tokens, depth_bonus=self.depth_bonus,
                               auto_budget=self.auto_budget and self.method in METHODS and METHODS[self.method].auto_budget)
-
-    def plain_key(self) -> tuple:
-        """What plain decoding's output and speed depend on (the key of `Session.ar_cache`)."""
-        return (self.prompt, self.max_new_tokens, self.temperature, self.seed)
 
 
 def _coerce(f, value):
@@ -136,7 +134,8 @@ class Session:
         self.decoder: Decoder | None = None
         self.round = RoundView()
         self.marks: list = []  # (round or None for prefill, tokens committed)
-        self.ar_cache: dict = {}
+        self.timings: dict = {}  # (prompt, resolved settings) -> whole runs timed (`whole_runs`)
+        self.step_seconds: dict = {}  # prompt -> t_AR, one plain decoding step (`plain_step`)
         self.sweep: dict | None = None
         self.message = ""
         self.last_stage: str | None = None
@@ -151,24 +150,55 @@ class Session:
             setattr(new, key, copy.deepcopy(value, memo))
         return new
 
-    def plain_decoding(self, prompt: str, max_new_tokens: int, temperature: float, seed: int) -> dict:
-        """Plain autoregressive decoding of `prompt`, measured once per session and cached."""
-        key = (prompt, max_new_tokens, temperature, seed)
-        if key not in self.ar_cache:
-            target = self.models.target
-            settings = DecodeSettings(method="ar", temperature=temperature, seed=seed, max_new_tokens=max_new_tokens)
+    def whole_runs(self, fresh: bool = False) -> dict:
+        """Plain decoding and the method on show, each run whole on this prompt and token count, in turn,
+        `timing.UI_REPEATS` times (dartree.timing: what `bench` does per prompt); cached per prompt and settings,
+        unless `fresh` (Run to end and Time whole runs measure again: a visitor asking for a figure gets a new one).
+
+        The ratio is given only when a run decodes at least MIN_RATIO_TOKENS tokens: τ of one round ranges from
+        1 to D + 1, so over a handful of rounds (16 tokens are about 7 rounds at this CPU's τ ≈ 2.3) the ratio
+        is the luck of a few rounds, and a few milliseconds of timer noise weigh on a run of a few dozen."""
+        dec = self.decoder
+        key = (self.controls.prompt, dec.settings)
+        if fresh or key not in self.timings:
+            plain = plain_settings(dec.settings)
+            configs = [plain] if dec.settings.method == "ar" else [plain, dec.settings]
             with ENGINE_LOCK:
-                r = generate(target, None, target.chat_ids(prompt), settings)
-            self.ar_cache[key] = {"tps": r.tokens_per_second, "tokens": r.new_tokens, "seconds": r.decode_seconds,
-                                  "token_ids": list(r.token_ids), "text": r.text}
-        return self.ar_cache[key]
+                runs = timing.alternate(self.models.target, self.models.drafter, dec.prompt_ids, configs,
+                                        dec.budget_policy, timing.UI_REPEATS)
+            ar_runs, mine = runs[0], runs[-1]
+            tps, ar_tps = timing.tokens_per_second(mine), timing.tokens_per_second(ar_runs)
+            decoded = mine[0].new_tokens - 1
+            rounds = sum(r.rounds for r in mine)
+            self.timings[key] = {
+                "method": dec.settings.method, "tps": tps, "ar_tps": ar_tps, "tokens": mine[0].new_tokens,
+                "tau": sum(r.tau * r.rounds for r in mine) / rounds if rounds else 1.0,
+                "ratio": tps / ar_tps if ar_tps and decoded >= MIN_RATIO_TOKENS else None,
+                "runs": len(mine), "t_ar": timing.plain_step_seconds(ar_runs)}
+            self.step_seconds[self.controls.prompt] = self.timings[key]["t_ar"]
+        return self.timings[key]
 
-    def plain(self) -> dict:
-        """Plain decoding with the prompt and settings on show."""
-        return self.plain_decoding(*self.controls.plain_key())
+    def measured(self) -> dict | None:
+        """The whole-run timing of the prompt and settings on show, if made."""
+        dec = self.decoder
+        return self.timings.get((self.controls.prompt, dec.settings)) if dec is not None else None
 
-    def cached_plain(self) -> dict | None:
-        return self.ar_cache.get(self.controls.plain_key()) if self.controls else None
+    def plain_step(self) -> float:
+        """t_AR on this prompt, measured in this process: from the whole runs when made, else from
+        PROBE_TOKENS plain tokens run whole now (dartree.timing)."""
+        prompt = self.controls.prompt
+        if prompt not in self.step_seconds:
+            settings = plain_settings(replace(self.decoder.settings, max_new_tokens=PROBE_TOKENS + 1))
+            with ENGINE_LOCK:
+                runs = timing.alternate(self.models.target, None, self.decoder.prompt_ids, [settings])[0]
+            self.step_seconds[prompt] = timing.plain_step_seconds(runs)
+        return self.step_seconds[prompt]
+
+
+def plain_settings(settings: DecodeSettings) -> DecodeSettings:
+    """Plain decoding with the same prompt-independent settings: token count, temperature, seed."""
+    return DecodeSettings(method="ar", temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed,
+                          max_new_tokens=settings.max_new_tokens)
 
 
 # ---------------------------------------------------------------------------------------- records -> state
@@ -231,6 +261,8 @@ def step(session: Session) -> tuple[str, frozenset]:
         rec = session.decoder.step()
     session.last_stage = rec.stage
     absorb(rec, session)
+    if isinstance(rec, CommitRecord):
+        session.plain_step()  # the round's time in plain steps needs t_AR (measured once per prompt)
     if not isinstance(rec, PrefillRecord):
         session.round.records.append(rec)
     return narrate(rec, session), panels.CHANGES[rec.stage]
@@ -288,9 +320,10 @@ def act(session: Session, action: str, controls: Controls) -> dict:
                            "round 0, or Play to watch the stages go by.")
         return panels.render(session, set(panels.PANELS))
     if action == "measure":
-        ar = session.plain()
-        session.message = (f"Plain decoding of the same prompt: {ar['tokens']} tokens at {ar['tps']:.1f} tokens/s "
-                           "on this machine (now cached for this session).")
+        m = session.whole_runs(fresh=True)
+        session.message = (f"Timed {m['runs']} whole runs each of plain decoding and {m['method']} on this prompt, in "
+                           f"turn: {m['tokens']} tokens, plain decoding at {m['ar_tps']:.1f} tokens/s, {m['method']} at "
+                           f"{m['tps']:.1f} tokens/s (cached for this session).")
         return panels.render(session, dirty | panels.SPEED)
     if dec.next_stage == "done":
         raise UserError("This generation has finished: press Reset, or change the prompt or a setting to start again.")
@@ -300,15 +333,14 @@ def act(session: Session, action: str, controls: Controls) -> dict:
         sentences.append(sentence)
         dirty |= changed
     elif action == "end":
-        t0 = time.perf_counter()
+        session.whole_runs(fresh=True)  # first, so that t_AR for the rounds' figures comes from it (no separate probe)
         while dec.next_stage != "done":
             dirty |= step(session)[1]
-        ar = session.plain()
         res = dec.result()
-        sentences.append(f"Ran to the end in {time.perf_counter() - t0:.1f} s: {res.new_tokens} tokens in {res.rounds} "
-                         f"rounds (τ = {res.tau:.2f} tokens per round) at {res.tokens_per_second:.1f} tokens/s; plain "
-                         f"decoding runs at {ar['tps']:.1f} tokens/s here. The panels show the last round.")
-        dirty |= panels.SPEED | {"timeline_fig", "text"}
+        sentences.append(f"Ran to the end: {res.new_tokens} tokens in {res.rounds} rounds (τ = {res.tau:.2f} tokens "
+                         "per round); then timed whole runs of plain decoding and this method on the same prompt, "
+                         "in turn (the speed panel). The panels show the last round.")
+        dirty |= {"timeline_fig", "text"}
     elif action == "round":
         if current == "commit":
             _run_until(session, "commit", sentences, dirty)
@@ -332,6 +364,9 @@ def act(session: Session, action: str, controls: Controls) -> dict:
             sentences = [f"({len(sentences) - 2} earlier steps ran first.)"] + sentences[-2:]
     else:
         raise UserError(f"unknown action {action!r}")
+    if dec.next_stage == "done":  # the run is complete: time it whole (the speed ratio needs it)
+        session.whole_runs()
+        dirty |= panels.SPEED
     session.message = " ".join(sentences)
     return panels.render(session, dirty)
 
@@ -347,16 +382,33 @@ def event(session: Session, action: str, **values) -> dict:
         return {"status": panels.status_line(f"⚠️ **{exc}**", session.decoder), WARNING: str(exc)}
 
 
+def warm_up(models, controls: Controls) -> None:
+    """Start-up, before the page is served: a short, untimed decode of every method on the example prompt, so
+    that the first calls' one-off costs (caches allocated, kernels picked, weight panels built) are paid here
+    and no figure on the page includes them. Logs one line."""
+    t0 = time.perf_counter()
+    target, base = models.target, controls.settings()
+    methods = [m for m in METHODS if m == "ar" or models.drafter is not None]
+    settings = [replace(base, method=m, auto_budget=base.auto_budget and METHODS[m].auto_budget) for m in methods]
+    with ENGINE_LOCK:
+        timing.warm_up(target, models.drafter, target.chat_ids(controls.prompt), settings,
+                       budget_policy(models, base))
+    print(f"[dartree] warmed up: {len(methods)} methods × {timing.WARMUP_TOKENS} tokens in "
+          f"{time.perf_counter() - t0:.1f} s (no figure includes a first call's cost)", flush=True)
+
+
 def canonical_session(models, controls: Controls | None = None) -> Session:
-    """The example every visitor sees on first load: the default prompt, one real round, plain decoding timed.
+    """The example every visitor sees on first load: after a warm-up, the default prompt's first real round, and
+    whole runs of plain decoding and the method timed on it (the speed panel's ratio).
 
     `DARTREE_EXAMPLE_TOKENS` overrides its max new tokens (the tests use a small value to start faster)."""
     session = Session(models)
     if controls is None:
         tokens = int(os.environ.get("DARTREE_EXAMPLE_TOKENS", "0") or 0)
         controls = default_controls(models, **({"max_new_tokens": tokens} if tokens > 0 else {}))
+    warm_up(models, controls)
     act(session, "round", controls)
-    session.plain()
+    session.whole_runs()
     session.message = (f"A first round on “{controls.prompt}” is already done, with every panel filled. Step through "
                        "the next one with Draft → Next depth → Prune → Verify → Commit, or press Play.")
     return session
