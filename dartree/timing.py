@@ -47,6 +47,12 @@ def tokens_per_second(runs: list[GenerationResult]) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def mean_tau(runs: list[GenerationResult]) -> float:
+    """Tokens committed per round over runs (ratio of sums, as bench's τ)."""
+    rounds = sum(r.rounds for r in runs)
+    return sum(r.tau * r.rounds for r in runs) / rounds if rounds else 1.0
+
+
 def plain_step_seconds(runs: list[GenerationResult]) -> float:
     """t_AR: seconds of one plain decoding step, from plain runs."""
     tps = tokens_per_second(runs)

@@ -27,11 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from app import set_threads  # noqa: E402  (the repository root is on the path only now)
-from dartree.ui.testing import start_server, stop_server  # noqa: E402
+from dartree.ui.testing import launch_chromium, start_server, stop_server, wait_text  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RATIO = re.compile(r"speed ratio ([0-9.]+)×")
 WITHIN, FLOOR = 0.25, 0.75  # the checks: within 25 % of bench, and not below 0.75x on first load
 
@@ -46,17 +43,15 @@ def read_page(url: str, timeout_ms: int) -> dict:
 
     out = {}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(url, wait_until="domcontentloaded", timeout=timeout_ms)
-            page.wait_for_function("(document.querySelector('#speed')?.innerText || '').includes('Whole runs')",
-                                   timeout=timeout_ms)
+            wait_text(page, "#speed", "Whole runs", timeout_ms)
             out["first_load"] = page_ratio(page)
             out["controls"] = page.evaluate("() => document.querySelector('#prompt textarea').value")
             page.locator("#btn-end").click()
-            page.wait_for_function("(document.querySelector('#status')?.innerText || '').includes('Ran to the end')",
-                                   timeout=timeout_ms)
+            wait_text(page, "#status", "Ran to the end", timeout_ms)
             page.wait_for_timeout(500)
             out["run_to_end"] = page_ratio(page)
             page.get_by_role("tab", name="Race").click()

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dartree.ui.testing import REPO_ROOT, start_server, stop_server
+from dartree.ui.testing import CHROMIUM, REPO_ROOT, launch_chromium, start_server, stop_server, wait_text
 
 pytestmark = [pytest.mark.real]
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = REPO_ROOT / "artifacts" / "screenshots"
 README_SHOT = REPO_ROOT / "assets" / "screenshots" / "explorer.png"
 PROMPT = "What is the capital of France?"
@@ -47,15 +44,14 @@ def server():
 
 
 def _wait_status(page, text: str, timeout: float = 90_000):
-    page.wait_for_function("([sel, t]) => (document.querySelector(sel)?.innerText || '').includes(t)",
-                           arg=["#status", text], timeout=timeout)
+    wait_text(page, "#status", text, timeout)
 
 
 def test_page_loads_filled_and_a_round_clicks_through(server):
     sync_playwright = _playwright()
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch_chromium(p)
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             errors = []

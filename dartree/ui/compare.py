@@ -19,7 +19,7 @@ from ..sweep import committed_costs
 from ..errors import UserError
 from . import figures
 from .reference import BENCH_DIR
-from .session import ENGINE_LOCK, Controls, Session, budget_policy
+from .session import ENGINE_LOCK, Controls, Session, budget_policy, each_method
 
 COSTS = {"cpu": BENCH_DIR / "sweep-cpu.json"}  # device type -> a committed sweep with its cost curve
 RACE_METHODS = tuple(name for name, m in METHODS.items() if m.in_race)
@@ -38,7 +38,7 @@ def race(models, controls: Controls, methods=RACE_METHODS, pace: bool = True):
     target = models.target
     prompt_ids = target.chat_ids(controls.prompt)
     base = controls.settings()
-    settings = [replace(base, method=m, auto_budget=base.auto_budget and METHODS[m].auto_budget) for m in methods]
+    settings = each_method(base, methods)
     yield [_lane(m, "", 0, 0, None) for m in methods]
     with ENGINE_LOCK:
         runs = timing.alternate(target, models.drafter, prompt_ids, settings, budget_policy(models, base),
@@ -54,8 +54,8 @@ def race(models, controls: Controls, methods=RACE_METHODS, pace: bool = True):
             done = [(s, n) for s, n in clock if s <= t + 1e-12]
             tps = timing.tokens_per_second(r)
             lanes.append(_lane(m, target.decode(r[-1].token_ids[:done[-1][1]]), done[-1][1], len(done) - 1,
-                               {"tps": tps, "tau": sum(x.tau * x.rounds for x in r) / max(sum(x.rounds for x in r), 1),
-                                "ratio": tps / ar if ar else None, "runs": len(r)},
+                               {"tps": tps, "tau": timing.mean_tau(r), "ratio": tps / ar if ar else None,
+                                "runs": len(r)},
                                finished=len(done) == len(clock)))
         yield lanes
         if pace and k < frames:
@@ -148,7 +148,9 @@ def sweep_costs(models, prompt: str) -> dict:
     """The cost curve the sweep predicts speed from: the committed one measured on this kind of device
     (COSTS, quiet-machine figures: a busy machine's own would mislead), else measured here now."""
     path = COSTS.get(models.target.device.type)
-    return committed_costs(path) if path is not None and path.exists() else cost_curve(models, prompt)
+    if path is None or not path.exists():
+        return cost_curve(models, prompt)
+    return dict(committed_costs(path), source=str(path.relative_to(BENCH_DIR.parents[1])))
 
 
 def sweep_outputs(result: dict | None, drafter_description: str):

@@ -42,9 +42,9 @@ def _esc(text: str) -> str:
 
 def _base(title: str, height: int, **layout) -> go.Figure:
     fig = go.Figure()
+    layout = {"margin": MARGIN, **layout}
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", font=dict(size=14)), height=height,
-                      margin=MARGIN, template="plotly_white", showlegend=False, hoverlabel=dict(align="left"),
-                      **layout)
+                      template="plotly_white", showlegend=False, hoverlabel=dict(align="left"), **layout)
     return fig
 
 
@@ -369,6 +369,11 @@ def correction_figure(depth: dict | None, candidates: int) -> go.Figure:
     return fig
 
 
+def _titled(title: str, caption: str) -> str:
+    """A title over a caption of one or more lines (newline-separated)."""
+    return "<br>".join([title] + [f"<sup>{line}</sup>" for line in caption.split("\n")])
+
+
 def speed_figure(speed: dict | None) -> go.Figure:
     """Whole runs' tokens/s of the method and of plain decoding once timed; before that, each round's τ
     against its time in plain steps (a round that commits more tokens than its plain steps beat plain)."""
@@ -377,8 +382,8 @@ def speed_figure(speed: dict | None) -> go.Figure:
     m = speed["measured"]
     if m is None:
         rounds = speed["rounds"]
-        fig = _base(f"7 · Each round: tokens vs its time in plain steps<br><sup>{speed['caption']}</sup>",
-                    SMALL_HEIGHT)
+        fig = _base(_titled("7 · Each round: tokens vs its time in plain steps", speed["caption"]), SMALL_HEIGHT,
+                    margin=dict(MARGIN, t=80))
         x = [r["round"] for r in rounds]
         for key, name, colour in (("tokens", "tokens committed (τ)", "#2f6db5"),
                                   ("steps", "time in plain steps", "#9a9a9a")):
@@ -392,7 +397,8 @@ def speed_figure(speed: dict | None) -> go.Figure:
         return fig
     names, values = [m["method"], "ar (plain)"], [m["tps"], m["ar_tps"]]
     labels = [f"{m['tps']:.1f} tok/s<br>τ = {m['tau']:.2f}", f"{m['ar_tps']:.1f} tok/s<br>τ = 1"]
-    fig = _base(f"7 · Whole runs on this prompt (decode tokens/s)<br><sup>{speed['caption']}</sup>", SMALL_HEIGHT)
+    fig = _base(_titled("7 · Whole runs on this prompt (decode tokens/s)", speed["caption"]), SMALL_HEIGHT,
+                margin=dict(MARGIN, t=80))
     fig.add_trace(go.Bar(x=names, y=values, text=labels, textposition="outside", marker_color=["#2f6db5", "#9a9a9a"],
                          width=0.5, hovertemplate="%{x}: %{y:.2f} tok/s<extra></extra>"))
     fig.update_yaxes(range=[0, max(values + [1e-3]) * 1.35], title="tokens / s", fixedrange=True)
@@ -429,16 +435,17 @@ def race_html(lanes: list[dict]) -> str:
         status = "finished" if lane.get("finished") else ("replaying" if lane.get("runs") else "timing")
         body = html.escape(lane.get("text", "")).replace("\n", "<br>") or "<i>…</i>"
         ratio = lane.get("ratio")
-        speed = (f"{lane.get('tps', 0.0):.1f} tok/s" + (f" · <b>{ratio:.2f}×</b> plain" if ratio and lane["method"] != "ar"
-                                                       else "")) if lane.get("runs") else "timing…"
+        shown = ratio is not None and lane["method"] != "ar"
+        speed = (f"{lane.get('tps', 0.0):.1f} tok/s" + (f" · <b>{ratio:.2f}×</b> plain" if shown else "")
+                 if lane.get("runs") else "timing…")
         cards.append(
             f"<div class='dt-lane' data-method='{html.escape(lane['method'])}' data-tps='{lane.get('tps', 0.0):.4f}' "
             f"data-ratio='{'' if ratio is None else f'{ratio:.4f}'}' "
             "style='flex:1;min-width:200px;border:1px solid #ddd;border-radius:8px;padding:8px;background:#fafafa'>"
             f"<div style='font-weight:600'>{html.escape(lane['method'])} "
             f"<span style='color:#888;font-weight:400'>({status})</span></div>"
-            f"<div style='font-size:12px;color:#555'>{lane.get('tokens', 0)} tokens · {lane.get('rounds', 0)} rounds · "
-            f"τ {lane.get('tau', 0.0):.2f} · {speed}</div>"
+            f"<div style='font-size:12px;color:#555'>{lane.get('tokens', 0)} tokens · {lane.get('rounds', 0)} "
+            f"rounds · τ {lane.get('tau', 0.0):.2f} · {speed}</div>"
             f"<div style='margin-top:6px;font-size:14px;line-height:1.5;color:#222'>{body}</div></div>")
     return "<div style='display:flex;gap:8px;flex-wrap:wrap'>" + "".join(cards) + "</div>"
 

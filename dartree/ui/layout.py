@@ -25,12 +25,14 @@ from .session import EXAMPLES, WARNING, Controls, Session, canonical_session, ev
 METHOD_CHOICES = tuple(reversed(TREE_METHODS))  # the richest first
 STAGE_BUTTONS = (("Draft", "draft"), ("Next depth", "depth"), ("Prune", "prune"), ("Verify", "verify"),
                  ("Commit", "commit"))  # (label, engine action)
+PLOT_MIN_WIDTH = 400  # px: two panels side by side from about 1280 px of window, one above the other below
 API_NAMES = {"round": "next_round", "end": "run_to_end"}  # the endpoints named otherwise than their action
 
 CSS = """
 .dt-banner {background:#fff4d6;border:2px solid #e0a100;border-radius:8px;padding:10px 14px;font-size:15px;color:#3a2a00}
 .dt-ok {background:#e8f6ea;border-color:#3aa655;color:#123d1c}
 .dt-text {min-height:48px}
+.info-text {color:#4a4a4a !important}
 """
 
 EXPLAIN = """
@@ -153,22 +155,23 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                     out["status"] = gr.Markdown(first["status"], label="Status", elem_id="status")
                     out["text"] = gr.HTML(first["text"], label="Generated text", elem_id="text")
 
-                    def plot(name, label, elem):
-                        out[name] = gr.Plot(first[name], label=label, show_label=False, elem_id=elem)
+                    def plot(name, label, elem):  # PLOT_MIN_WIDTH: pairs stack on a projector (1024 px)
+                        out[name] = gr.Plot(first[name], label=label, show_label=False, elem_id=elem,
+                                            min_width=PLOT_MIN_WIDTH)
 
                     with gr.Row():
                         plot("draft_fig", "Draft", "fig-draft")
                         plot("correction_fig", "Correction", "fig-correction")
                     plot("supertree_fig", "Supertree", "fig-supertree")
                     with gr.Row():
-                        with gr.Column(scale=3):
+                        with gr.Column(scale=3, min_width=PLOT_MIN_WIDTH):
                             plot("prune_fig", "Pruning", "fig-prune")
-                        with gr.Column(scale=2):
+                        with gr.Column(scale=2, min_width=PLOT_MIN_WIDTH):
                             plot("rank_fig", "Ranked scores", "fig-rank")
                     with gr.Row():
-                        with gr.Column(scale=2):
+                        with gr.Column(scale=2, min_width=PLOT_MIN_WIDTH):
                             plot("mask_fig", "Attention mask", "fig-mask")
-                        with gr.Column(scale=3):
+                        with gr.Column(scale=3, min_width=PLOT_MIN_WIDTH):
                             plot("verify_fig", "Verification", "fig-verify")
                     out["speed_md"] = gr.Markdown(first["speed_md"], label="Speed summary", elem_id="speed")
                     with gr.Row():
@@ -228,7 +231,8 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                         if not any(lane["runs"] for lane in lanes):
                             status = "Timing whole runs of every method, one after another…"
                         elif all(lane["finished"] for lane in lanes):
-                            status = "Finished: tokens/s and ratios from whole runs; the texts replayed their real rounds."
+                            status = ("Finished: tokens/s and ratios from whole runs; the texts replayed their "
+                                      "real rounds.")
                         else:
                             status = "Replaying each method's real round timings on one clock…"
                         yield {race_box: figures.race_html(lanes), race_plot: figures.race_figure(lanes),
@@ -257,7 +261,8 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
             with gr.Row():
                 tau_plot = gr.Plot(tau_f, show_label=False)
                 speed_plot = gr.Plot(speed_f, show_label=False)
-            sweep_table = gr.Dataframe(headers=["W", "B", "tau", "speedup"], value=rows, interactive=False)
+            sweep_table = gr.Dataframe(headers=["W", "B", "τ (replayed)", "predicted speed-up"], value=rows,
+                                       interactive=False)
 
             def on_sweep(session, widths, budgets, prompts, max_new_tokens, progress=gr.Progress()):
                 try:

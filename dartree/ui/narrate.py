@@ -131,16 +131,16 @@ def verify_caption(verify: dict) -> str:
 
 
 def speed_caption(speed: dict) -> str:
-    """The speed figure's subtitle."""
+    """The speed figure's subtitle (lines separated by newlines)."""
     m, ref = speed["measured"], speed["reference"]
     if m is None:
-        return (f"each round's τ and its time in plain steps (t_AR = {1e3 * speed['t_ar']:.1f} ms, measured here); "
-                "one round only, not a speed-up") if speed["t_ar"] else "t_AR not measured yet"
-    caption = f"whole runs, {m['runs']} each, plain and {m['method']} in turn (as bench)"
+        return (f"per round, t_AR = {1e3 * speed['t_ar']:.1f} ms measured here\none round is not a speed-up"
+                if speed["t_ar"] else "t_AR not measured yet")
+    caption = f"{m['runs']} whole runs each, in turn (as bench)"
     if m["ratio"] is not None:
         caption += f": ratio {m['ratio']:.2f}×"
     if ref:
-        caption += f" · bench reference {ref['speedup']:.2f}× ({ref['n_prompts']} prompts)"
+        caption += f"\nbench reference: {ref['speedup']:.2f}× over {ref['n_prompts']} prompts"
     return caption
 
 
@@ -150,14 +150,15 @@ def speed_markdown(speed: dict | None, drafter_description: str) -> str:
     lines, m, ref, method = [], speed["measured"], speed["reference"], speed["method"]
     if speed["rounds"]:
         r = speed["rounds"][-1]
-        lines.append(f"**Round {r['round']}, this round only:** τ = {r['tokens']} token(s) in {1e3 * r['seconds']:.0f} ms "
-                     f"= **{r['steps']:.1f} plain steps** (t_AR = {1e3 * speed['t_ar']:.1f} ms, one plain decoding "
+        lines.append(f"**Round {r['round']}, this round only:** τ = {r['tokens']} token(s) in "
+                     f"{1e3 * r['seconds']:.0f} ms = **{r['steps']:.1f} plain steps** (t_AR = {1e3 * speed['t_ar']:.1f} ms, one plain decoding "
                      "step on this prompt, measured in this process). One round is not a speed-up: τ swings from "
-                     "round to round.")
+                     "round to round, and a round stepped by hand runs colder than inside a whole run.")
     if m is None:
         lines.append(f"**Speed ratio:** shown when the run is complete (Run to end, or step to the end, or *Time whole "
                      f"runs*): plain decoding and {method} are then timed as whole runs of this prompt, in turn, as "
-                     f"`bench` does, given at least {speed['min_tokens']} decoded tokens (fewer are a few rounds' luck).")
+                     f"`bench` does, given at least {speed['min_tokens']} decoded tokens (fewer are a few rounds' "
+                     "luck).")
     else:
         line = (f"**Whole runs** of this prompt ({m['tokens']} tokens; {m['runs']} runs each of plain decoding and "
                 f"{method}, in turn, warm, as `bench` times them): {method} {m['tps']:.1f} tokens/s (τ = "
@@ -168,15 +169,15 @@ def speed_markdown(speed: dict | None, drafter_description: str) -> str:
             line += f" · no ratio: {m['tokens'] - 1} decoded tokens are fewer than {speed['min_tokens']}"
         lines.append(line)
     if ref:
-        lines.append(f"**This machine's reference** (`bench`, {ref['n_prompts']} dev prompts × {ref['max_new_tokens']} "
-                     f"tokens, {ref['date']}, `{ref['file']}`): {method} with this shape runs at "
+        lines.append(f"**This machine's reference** (`bench`, {ref['n_prompts']} dev prompts × "
+                     f"{ref['max_new_tokens']} tokens, {ref['date']}, `{ref['file']}`): {method} with this shape runs at "
                      f"**{ref['speedup']:.2f}×** plain decoding, τ = {ref['tau']:.2f}.")
     elif method != "ar":
         lines.append("*No bench result for this shape on this kind of machine in `assets/benchmarks/`.*")
     if m and m["ratio"] is not None and m["ratio"] < 1 and method != "ar":
+        versus = f", against {ref['tau']:.2f} over the reference's prompts" if ref else ""
         lines.append(f"*A single short prompt can legitimately be slower than plain decoding: τ depends on the prompt "
-                     f"(here {m['tau']:.2f}" + (f", against {ref['tau']:.2f} over the reference's prompts" if ref else "")
-                     + "), and each round costs a draft and a wider verify.*")
+                     f"(here {m['tau']:.2f}{versus}), and each round costs a draft and a wider verify.*")
     if drafter_description.startswith("UNTRAINED"):
         lines.append("*Measured with an UNTRAINED drafter: almost nothing is accepted, so the tree only costs time "
                      "here. The mechanics are real; the speed-up needs a trained drafter.*")

@@ -41,9 +41,9 @@ def bench_results(root: Path = BENCH_DIR) -> tuple[dict, ...]:
         rows = data.get("rows") if isinstance(data, dict) else None
         if not rows or "speedup_vs_ar" not in rows[0] or "machine" not in data:
             continue  # a sweep (predicted speeds) or another kind of file
-        found.append({"file": str(path.relative_to(root.parents[1])), "date": data.get("date") or _file_date(path), "rows": rows,
-                      "settings": data.get("settings", {}), "device": str(data["machine"].get("device", "")),
-                      "command": data.get("command", "")})
+        found.append({"file": str(path.relative_to(root.parents[1])), "rows": rows,
+                      "date": data.get("date") or _file_date(path), "settings": data.get("settings", {}),
+                      "device": str(data["machine"].get("device", "")), "command": data.get("command", "")})
     return tuple(found)
 
 

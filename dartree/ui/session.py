@@ -169,10 +169,9 @@ class Session:
             ar_runs, mine = runs[0], runs[-1]
             tps, ar_tps = timing.tokens_per_second(mine), timing.tokens_per_second(ar_runs)
             decoded = mine[0].new_tokens - 1
-            rounds = sum(r.rounds for r in mine)
             self.timings[key] = {
                 "method": dec.settings.method, "tps": tps, "ar_tps": ar_tps, "tokens": mine[0].new_tokens,
-                "tau": sum(r.tau * r.rounds for r in mine) / rounds if rounds else 1.0,
+                "tau": timing.mean_tau(mine),
                 "ratio": tps / ar_tps if ar_tps and decoded >= MIN_RATIO_TOKENS else None,
                 "runs": len(mine), "t_ar": timing.plain_step_seconds(ar_runs)}
             self.step_seconds[self.controls.prompt] = self.timings[key]["t_ar"]
@@ -193,6 +192,11 @@ class Session:
                 runs = timing.alternate(self.models.target, None, self.decoder.prompt_ids, [settings])[0]
             self.step_seconds[prompt] = timing.plain_step_seconds(runs)
         return self.step_seconds[prompt]
+
+
+def each_method(base: DecodeSettings, methods) -> list[DecodeSettings]:
+    """The settings for each method, the automatic budget kept only where the method has one."""
+    return [replace(base, method=m, auto_budget=base.auto_budget and METHODS[m].auto_budget) for m in methods]
 
 
 def plain_settings(settings: DecodeSettings) -> DecodeSettings:
@@ -322,8 +326,8 @@ def act(session: Session, action: str, controls: Controls) -> dict:
     if action == "measure":
         m = session.whole_runs(fresh=True)
         session.message = (f"Timed {m['runs']} whole runs each of plain decoding and {m['method']} on this prompt, in "
-                           f"turn: {m['tokens']} tokens, plain decoding at {m['ar_tps']:.1f} tokens/s, {m['method']} at "
-                           f"{m['tps']:.1f} tokens/s (cached for this session).")
+                           f"turn: {m['tokens']} tokens, plain decoding at {m['ar_tps']:.1f} tokens/s, "
+                           f"{m['method']} at {m['tps']:.1f} tokens/s.")
         return panels.render(session, dirty | panels.SPEED)
     if dec.next_stage == "done":
         raise UserError("This generation has finished: press Reset, or change the prompt or a setting to start again.")
@@ -389,9 +393,8 @@ def warm_up(models, controls: Controls) -> None:
     t0 = time.perf_counter()
     target, base = models.target, controls.settings()
     methods = [m for m in METHODS if m == "ar" or models.drafter is not None]
-    settings = [replace(base, method=m, auto_budget=base.auto_budget and METHODS[m].auto_budget) for m in methods]
     with ENGINE_LOCK:
-        timing.warm_up(target, models.drafter, target.chat_ids(controls.prompt), settings,
+        timing.warm_up(target, models.drafter, target.chat_ids(controls.prompt), each_method(base, methods),
                        budget_policy(models, base))
     print(f"[dartree] warmed up: {len(methods)} methods × {timing.WARMUP_TOKENS} tokens in "
           f"{time.perf_counter() - t0:.1f} s (no figure includes a first call's cost)", flush=True)
@@ -407,8 +410,9 @@ def canonical_session(models, controls: Controls | None = None) -> Session:
         tokens = int(os.environ.get("DARTREE_EXAMPLE_TOKENS", "0") or 0)
         controls = default_controls(models, **({"max_new_tokens": tokens} if tokens > 0 else {}))
     warm_up(models, controls)
+    _ensure_decoder(session, controls)
+    session.whole_runs()  # before the round, so that its t_AR comes from these runs
     act(session, "round", controls)
-    session.whole_runs()
     session.message = (f"A first round on “{controls.prompt}” is already done, with every panel filled. Step through "
                        "the next one with Draft → Next depth → Prune → Verify → Commit, or press Play.")
     return session

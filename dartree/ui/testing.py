@@ -1,4 +1,5 @@
-"""Helpers for the UI tests: start `app.py` in a subprocess on a free localhost port and wait for it."""
+"""Helpers for the UI tests and scripts: start `app.py` in a subprocess on a free localhost port and wait for it;
+open headless Chromium on it (the system browser: never `playwright install`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,20 @@ import urllib.request
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def launch_chromium(playwright):
+    """Headless system Chromium from a `sync_playwright()` context."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def wait_text(page, selector: str, text: str, timeout_ms: float) -> None:
+    """Wait until the element's visible text contains `text`."""
+    page.wait_for_function("([s, t]) => (document.querySelector(s)?.innerText || '').includes(t)",
+                           arg=[selector, text], timeout=timeout_ms)
 
 
 def free_port() -> int:

@@ -1,0 +1,40 @@
+"""The speed panel's machine reference: the committed bench row for the shape on show (dartree.ui.reference)."""
+
+from dartree.engine import DecodeSettings
+from dartree.ui.reference import bench_reference, bench_results
+
+
+def result(date, device, rows, temperature=0.0, n=30):
+    return {"file": f"assets/benchmarks/{date}.json", "date": date, "device": device, "command": "bench",
+            "settings": {"temperature": temperature, "candidates": 64, "max_new_tokens": 128},
+            "rows": [dict(r, n_prompts=n, tau=2.0) for r in rows]}
+
+
+def row(method, width, budget, bonus, speedup):
+    return {"method": method, "width": width, "budget": budget, "depth_bonus": bonus, "speedup_vs_ar": speedup}
+
+
+def test_the_newest_row_of_the_same_shape_and_device_wins():
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2).resolved("cpu")
+    old = result("2026-11-01", "cpu", [row("dartree", 4, 8, -0.2, 1.1)])
+    new = result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.5), row("dartree", 4, 8, 0.0, 1.7)])
+    gpu = result("2026-12-24", "cuda:0", [row("dartree", 4, 8, -0.2, 3.0)])
+    hot = result("2026-12-24", "cpu", [row("dartree", 4, 8, -0.2, 0.5)], temperature=0.7)
+    other = result("2026-12-24", "cpu", [row("dartree", 8, 8, -0.2, 0.9), row("dartree", 4, 16, -0.2, 0.8)])
+    ref = bench_reference(s, "cpu", (old, new, gpu, hot, other))
+    assert ref["speedup"] == 1.5 and ref["date"] == "2026-12-01" and ref["n_prompts"] == 30
+    assert bench_reference(s, "cuda", (old, new, gpu))["speedup"] == 3.0
+    # a row from before the depth bonus existed (None) ran without one
+    legacy = result("2026-10-01", "cpu", [row("dartree", 4, 8, None, 1.3)])
+    assert bench_reference(DecodeSettings(depth_bonus=0.0).resolved("cpu"), "cpu", (legacy,))["speedup"] == 1.3
+    assert bench_reference(s, "cpu", (legacy,)) is None
+    # ddtree has no W and no depth bonus: they do not have to match
+    dd = result("2026-12-01", "cpu", [row("ddtree", None, 8, None, 1.4)])
+    assert bench_reference(DecodeSettings(method="ddtree", budget=8).resolved("cpu"), "cpu", (dd,))["speedup"] == 1.4
+    assert bench_reference(DecodeSettings(method="ar").resolved("cpu"), "cpu", (dd,)) is None
+
+
+def test_the_committed_benchmarks_hold_a_reference_for_the_cpu_default():
+    assert bench_results(), "no bench result under assets/benchmarks"
+    ref = bench_reference(DecodeSettings().resolved("cpu"), "cpu")
+    assert ref is not None and ref["n_prompts"] >= 10 and ref["file"].startswith("assets/benchmarks/")
