@@ -102,13 +102,14 @@ def bench_configs(methods, widths, budgets) -> list[BenchConfig]:
     return configs
 
 
-def machine_info(device) -> dict:
+def machine_info(target) -> dict:
+    device = target.device
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "device": str(device)}
     if device.type == "cpu":
-        from .models.rows_kernel import rows_kernel_status
-        info["cpu_linears"] = f"row-streaming kernel: {rows_kernel_status()}"
+        from .models.rows_kernel import describe_linear_path
+        info["cpu_linears"] = describe_linear_path(target)  # which kernel, and fp32 panels or the GGUF's blocks
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -160,7 +161,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         })
         if sources and len(set(sources)) > 1:
             rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
-    return {"rows": rows, "machine": machine_info(target.device), "settings": {
+    return {"rows": rows, "machine": machine_info(target), "settings": {
         "max_new_tokens": base.max_new_tokens, "temperature": base.temperature, "candidates": base.candidates,
         "depth": base.depth, "n_prompts": len(prompts), "dtype": dtype_name(target.dtype)},
         "drafter": models.drafter_description}

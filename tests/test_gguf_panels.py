@@ -164,6 +164,10 @@ def test_the_cache_is_reused_while_its_stamp_holds(tmp_path, monkeypatch):
     write_tiny_gguf(tmp_path / "tiny.gguf", model)
     cache = tmp_path / "cache" / "panels.safetensors"
     first = gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", cache)
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("")  # a cache that cannot be written: the panels still come back
+    assert set(gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", unwritable / "p.safetensors")) \
+        == set(first)
     monkeypatch.setattr(gguf_panels, "panels_from_gguf", lambda *a: pytest.fail("rebuilt a valid cache"))
     again = gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", cache)
     assert set(again) == set(first)

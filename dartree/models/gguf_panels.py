@@ -141,10 +141,14 @@ def cached_panels_from_gguf(model: torch.nn.Module, gguf_path: Path, cache: Path
           file=sys.stderr, flush=True)
     panels = panels_from_gguf(model, gguf_path)
     meta = dict(stamp, panels=json.dumps({name: [p.kind, p.n, p.k] for name, p in panels.items()}))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:  # write, then rename: never half a file
-        save_file({name: p.data for name, p in panels.items()}, Path(tmp) / cache.name, metadata=meta)
-        os.replace(Path(tmp) / cache.name, cache)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache.parent) as tmp:  # write, then rename: never half a file
+            save_file({name: p.data for name, p in panels.items()}, Path(tmp) / cache.name, metadata=meta)
+            os.replace(Path(tmp) / cache.name, cache)
+    except OSError as exc:  # a read-only or full cache: this process still has the panels
+        print(f"[dartree] could not cache the block panels ({exc}): they will be re-laid at the next start",
+              file=sys.stderr, flush=True)
     return panels
 
 
