@@ -152,6 +152,9 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "depth_bonus": cfg.settings(base).depth_bonus if METHODS[cfg.method].prunes else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
+            # prefill included, as a user waits (scripts/peer_llamacpp.py reports llama.cpp's the same way)
+            "end_to_end_tokens_per_second": sum(r.new_tokens for r in runs)
+            / (sum(r.prefill_seconds + r.decode_seconds for r in runs) or 1.0),
             "median_speedup": statistics.median(per_prompt),
             "n_prompts": len(runs), "new_tokens": sum(r.new_tokens for r in runs),
             "identical_to_ar": sum(r.token_ids == a.token_ids for r, a in zip(runs, ar_runs)),

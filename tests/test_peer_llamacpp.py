@@ -60,6 +60,37 @@ def test_summary_is_a_ratio_of_sums_as_the_bench(peer):
     rows = [{"new_tokens": 11, "prefill_seconds": 0.5, "decode_seconds": 1.0, "total_seconds": 1.5},
             {"new_tokens": 21, "prefill_seconds": 1.5, "decode_seconds": 1.0, "total_seconds": 2.5}]
     summary = peer.summarise(rows)
-    assert summary["tokens_per_second_end_to_end"] == pytest.approx(32 / 4.0)
-    assert summary["tokens_per_second_decode"] == pytest.approx(30 / 2.0)
+    assert summary["end_to_end_tokens_per_second"] == pytest.approx(32 / 4.0)
+    assert summary["tokens_per_second"] == pytest.approx(30 / 2.0)
     assert summary["prefill_seconds_mean"] == pytest.approx(1.0)
+
+
+@pytest.mark.real
+def test_a_run_feeds_the_bench_token_ids_and_writes_json(peer, monkeypatch, tmp_path, real_target):
+    """With a stand-in llama_cpp module: the prompts reach it as the bench's chat ids, the JSON is complete."""
+    import json
+    import types
+
+    seen = []
+
+    class Llama(FakeLlama):
+        def __init__(self, model_path, n_ctx, n_threads, n_threads_batch, verbose):
+            super().__init__([7, 8, 9, 10])
+            assert model_path.endswith(".gguf") and n_ctx > 5 and not verbose
+
+        def generate(self, tokens, **sampling):
+            seen.append(list(tokens))
+            yield from super().generate(tokens, **sampling)
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama, __version__="fake"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Name a colour.", "source": "a"}\n{"prompt": "Count to three.", "source": "b"}\n')
+    out = tmp_path / "peer.json"
+    assert peer.main(["--prompt-file", str(prompts), "--limit", "2", "--max-new-tokens", "3", "--out", str(out)]) == 0
+    # after the warm-up, each prompt as the bench tokenises it
+    assert seen[1:] == [real_target.chat_ids("Name a colour."), real_target.chat_ids("Count to three.")]
+    result = json.loads(out.read_text())
+    assert result["engine"] == "llama.cpp (llama-cpp-python fake)" and result["settings"]["n_prompts"] == 2
+    assert [r["token_ids"] for r in result["rows"]] == [[7, 8, 9]] * 2
+    assert [r["source"] for r in result["rows"]] == ["a", "b"]
+    assert result["end_to_end_tokens_per_second"] > 0 and result["tokens_per_second"] > 0

@@ -4,9 +4,11 @@ Plain decoding and tree verification on CPU both go through it, so every row of 
 bit what plain decoding gets for it one row at a time (the C file says why this holds), while the weights
 are read from memory once per pass whatever the row count. The weights stream as fp32 (or exact bf16)
 panels, or, for the embedded GGUF target, as the GGUF's own Q4_1 / Q8_0 blocks (`BlockPanels`, made by
-`models.gguf_panels`) rebuilt bit for bit in registers: the same results from a sixth of the bytes. The kernel needs AVX-512F and a C compiler
-(gcc, present wherever Python packages compile); where either is missing, or `DARTREE_ROWS_KERNEL=0`,
-`rows_kernel_available()` is False and `models.loading` keeps the MKL-packed path (`models.packed`).
+`models.gguf_panels`) rebuilt bit for bit in registers: the same results from about a sixth of the bytes.
+
+The kernel needs AVX-512F and a C compiler (gcc, present wherever Python packages compile); where either
+is missing, or `DARTREE_ROWS_KERNEL=0`, `rows_kernel_available()` is False and `models.loading` keeps the
+MKL-packed path (`models.packed`).
 
 No torch headers or ninja are involved: one C file, one `gcc` call (~1 s), cached under
 `$DARTREE_CACHE/kernels` by a hash of the source, the flags and the compiler version.

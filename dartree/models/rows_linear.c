@@ -163,7 +163,8 @@ static inline __attribute__((always_inline)) void tile_blocks(const float *x, lo
     for (long kb = 0; kb < K / QK; kb++) {
         const unsigned char *blk = (const unsigned char *)wp + kb * bytes;
         if (prefetch) /* as far ahead in bytes as the fp32 panels prefetch */
-            for (long line = 0; line < bytes; line += 64) _mm_prefetch((const char *)blk + 4 * PF_AHEAD + line, _MM_HINT_T1);
+            for (long line = 0; line < bytes; line += 64)
+                _mm_prefetch((const char *)blk + 4 * PF_AHEAD + line, _MM_HINT_T1);
         __m512 d0, d1, mn0, mn1;
         block_scales(blk, kind, &d0, &d1, &mn0, &mn1);
         for (int kk = 0; kk < QK; kk++) {
