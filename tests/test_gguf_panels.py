@@ -161,20 +161,24 @@ def test_the_cache_is_reused_while_its_stamp_holds(tmp_path, monkeypatch):
     from tests.tiny import tiny_target
 
     model = tiny_target().model
-    write_tiny_gguf(tmp_path / "tiny.gguf", model)
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf, model)
+    built = []
+    real = gguf_panels.panels_from_gguf
+    monkeypatch.setattr(gguf_panels, "panels_from_gguf", lambda *a: built.append(1) or real(*a))
     cache = tmp_path / "cache" / "panels.safetensors"
-    first = gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", cache)
+    first = gguf_panels.cached_panels_from_gguf(model, gguf, cache)
+    again = gguf_panels.cached_panels_from_gguf(model, gguf, cache)
+    assert len(built) == 1 and set(again) == set(first)
+    assert all(torch.equal(again[n].data, first[n].data) and again[n].kind == first[n].kind for n in first)
+    cache.write_bytes(cache.read_bytes()[:100])  # a damaged cache is made again
+    assert set(gguf_panels.cached_panels_from_gguf(model, gguf, cache)) == set(first) and len(built) == 2
+    monkeypatch.setattr(gguf_panels, "LAYOUT", "another")  # a new layout: the stale cache is made again
+    gguf_panels.cached_panels_from_gguf(model, gguf, cache)
+    assert len(built) == 3
     unwritable = tmp_path / "a-file"
     unwritable.write_text("")  # a cache that cannot be written: the panels still come back
-    assert set(gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", unwritable / "p.safetensors")) \
-        == set(first)
-    monkeypatch.setattr(gguf_panels, "panels_from_gguf", lambda *a: pytest.fail("rebuilt a valid cache"))
-    again = gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", cache)
-    assert set(again) == set(first)
-    assert all(torch.equal(again[n].data, first[n].data) and again[n].kind == first[n].kind for n in first)
-    monkeypatch.setattr(gguf_panels, "LAYOUT", "another")  # a new layout: the stale cache is rebuilt
-    monkeypatch.setattr(gguf_panels, "panels_from_gguf", lambda *a: {})
-    assert gguf_panels.cached_panels_from_gguf(model, tmp_path / "tiny.gguf", cache) == {}
+    assert set(gguf_panels.cached_panels_from_gguf(model, gguf, unwritable / "p.safetensors")) == set(first)
 
 
 def test_dartree_weights_picks_the_panels_and_refuses_other_values(monkeypatch):

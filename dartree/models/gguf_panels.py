@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..errors import UserError
@@ -132,11 +132,15 @@ def cached_panels_from_gguf(model: torch.nn.Module, gguf_path: Path, cache: Path
     """`panels_from_gguf`, kept in the safetensors file `cache` (stamped with the GGUF and the layout)."""
     stamp = _stamp(gguf_path)
     if cache.is_file():
-        with safe_open(cache, framework="pt") as f:
-            meta = f.metadata() or {}
-            if {key: meta.get(key) for key in stamp} == stamp:
-                shapes = json.loads(meta["panels"])
-                return {name: BlockPanels(kind, f.get_tensor(name), n, k) for name, (kind, n, k) in shapes.items()}
+        try:
+            with safe_open(cache, framework="pt") as f:
+                meta = f.metadata() or {}
+                if {key: meta.get(key) for key in stamp} == stamp:
+                    shapes = json.loads(meta["panels"])
+                    return {name: BlockPanels(kind, f.get_tensor(name), n, k)
+                            for name, (kind, n, k) in shapes.items()}
+        except (OSError, ValueError, KeyError, SafetensorError):  # a damaged cache: made again below
+            pass
     print(f"[dartree] re-laying the GGUF's blocks for the row kernel into {cache} (once, ~10 s)",
           file=sys.stderr, flush=True)
     panels = panels_from_gguf(model, gguf_path)
@@ -168,10 +172,10 @@ def target_block_panels(target) -> tuple[dict[str, BlockPanels], str]:
     """
     if weights_choice() == "fp32":
         return {}, f"fp32 panels ({WEIGHTS_ENV}=fp32)"
-    if target.name != EMBEDDED_NAME or target.device.type != "cpu" or target.dtype != torch.float32:
+    if target.name != EMBEDDED_NAME:
         return {}, "fp32 panels (no GGUF behind this target)"
-    if not rows_kernel_available():
-        return {}, "fp32 panels"
+    if target.device.type != "cpu" or target.dtype != torch.float32 or not rows_kernel_available():
+        return {}, "fp32 panels"  # the row kernel is a CPU fp32 path: it does not run here
     linears = sum(isinstance(m, torch.nn.Linear) for m in target.model.modules())
     found = cached_panels_from_gguf(target.model, embedded_gguf_path(), converted_dir() / CACHE_FILE)
     exact = exact_block_panels(target.model, found)
