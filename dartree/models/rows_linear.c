@@ -137,7 +137,7 @@ static inline __attribute__((always_inline)) void block_weights(const unsigned c
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4 * P + kk * (P / 2))));
         const __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))); /* low nibbles */
         const __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));                    /* high nibbles */
-        *w0 = _mm512_add_ps(_mm512_mul_ps(d0, q0), mn0); /* (d * q) + m: two roundings, as gguf.quants */
+        *w0 = _mm512_add_ps(_mm512_mul_ps(d0, q0), mn0); /* (d * q) + m: a multiply, then an add, as gguf.quants */
         *w1 = _mm512_add_ps(_mm512_mul_ps(d1, q1), mn1);
     } else {
         const unsigned char *q = blk + 2 * P + kk * P;
