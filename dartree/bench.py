@@ -104,13 +104,14 @@ def bench_configs(methods, widths, budgets) -> list[BenchConfig]:
     return configs
 
 
-def machine_info(device) -> dict:
+def machine_info(target) -> dict:
+    device = target.device
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "device": str(device)}
     if device.type == "cpu":
-        from .models.rows_kernel import rows_kernel_status
-        info["cpu_linears"] = f"row-streaming kernel: {rows_kernel_status()}"
+        from .models.rows_kernel import describe_linear_path
+        info["cpu_linears"] = describe_linear_path(target)  # which kernel, and fp32 panels or the GGUF's blocks
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
@@ -152,6 +153,9 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "depth_bonus": cfg.settings(base).depth_bonus if METHODS[cfg.method].prunes else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
+            # prefill included, as a user waits (scripts/peer_llamacpp.py reports llama.cpp's the same way)
+            "end_to_end_tokens_per_second": sum(r.new_tokens for r in runs)
+            / (sum(r.prefill_seconds + r.decode_seconds for r in runs) or 1.0),
             "median_speedup": statistics.median(per_prompt),
             "n_prompts": len(runs), "new_tokens": sum(r.new_tokens for r in runs),
             "identical_to_ar": sum(r.token_ids == a.token_ids for r, a in zip(runs, ar_runs)),
@@ -161,7 +165,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         })
         if sources and len(set(sources)) > 1:
             rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
-    return {"rows": rows, "machine": machine_info(target.device), "settings": {
+    return {"rows": rows, "machine": machine_info(target), "settings": {
         "max_new_tokens": base.max_new_tokens, "temperature": base.temperature, "candidates": base.candidates,
         "depth": base.depth, "n_prompts": len(prompts), "dtype": dtype_name(target.dtype)},
         "drafter": models.drafter_description}

@@ -52,7 +52,7 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
     costs = cost_curve(models, prompts[0]) if measure_here else costs
     pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
     continuations = [make_continuation(target, drafter, ids, out) for ids, out in pairs]
-    results = {"machine": machine_info(target.device), "drafter": models.drafter_description,
+    results = {"machine": machine_info(target), "drafter": models.drafter_description,
                "settings": {"max_new_tokens": base.max_new_tokens, "candidates": base.candidates, "depth": base.depth,
                             "temperature": 0.0, "n_prompts": len(prompts)},
                "cost_curve": costs}

@@ -20,6 +20,7 @@ from dartree.engine import MAX_BUDGET, MAX_CANDIDATES, MAX_TEMPERATURE, MAX_WIDT
 from dartree.errors import UserError
 from dartree.models import target as target_mod
 from dartree.models.drafter import DominoDrafter
+from dartree.models.gguf_panels import CACHE_FILE
 from dartree.models.loading import load_drafter, load_models
 from dartree.models.rows_kernel import use_rows_kernel
 from dartree.prompts import fit_to_context
@@ -315,9 +316,12 @@ def real_cache(real_models):
 
 
 def copy_small_files(src: Path, dest: Path) -> None:
-    """A copy of the converted folder with the 540 MB weights replaced by a 1 kB stub (for marker checks)."""
+    """A copy of the converted folder with the 540 MB weights replaced by a 1 kB stub (for marker checks),
+    without the derived GGUF block panels (96 MB, rebuilt when missing)."""
     dest.mkdir(parents=True)
     for path in src.iterdir():
+        if path.name == CACHE_FILE:
+            continue
         if path.name == "model.safetensors":
             with path.open("rb") as f:
                 (dest / path.name).write_bytes(f.read(1024))

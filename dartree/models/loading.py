@@ -19,6 +19,7 @@ import torch
 
 from ..errors import UserError
 from .drafter import DominoDrafter, build_target_layer_ids, make_config
+from .gguf_panels import target_block_panels
 from .packed import use_packed_linears
 from .rows_kernel import describe_linear_path, route_like_target, use_rows_kernel
 from .target import EMBEDDED_NAME, Target, load_target
@@ -98,8 +99,10 @@ def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: s
         tgt_key = (target, device, dtype)
         tgt = _LOADED.get(tgt_key) or load_target(target, device=device, dtype=dtype)
         if tgt_key not in _LOADED:
-            # CPU fp32 linears: the row-streaming kernel where it builds, else MKL's packed GEMM
-            tgt.rows_kernel = use_rows_kernel(tgt.model)
+            # CPU fp32 linears: the row-streaming kernel where it builds (streaming the GGUF's blocks where
+            # they rebuild the weights exactly), else MKL's packed GEMM
+            blocks, tgt.linear_weights = target_block_panels(tgt)
+            tgt.rows_kernel = use_rows_kernel(tgt.model, blocks=blocks)
             tgt.packed_weights = None if tgt.rows_kernel else use_packed_linears(tgt.model)
             if tgt.device.type == "cpu":  # stderr: the CLI's --json output stays clean
                 print(f"[dartree] {describe_linear_path(tgt)}", file=sys.stderr, flush=True)

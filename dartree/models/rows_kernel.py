@@ -2,9 +2,13 @@
 
 Plain decoding and tree verification on CPU both go through it, so every row of a verify gets bit for
 bit what plain decoding gets for it one row at a time (the C file says why this holds), while the weights
-are read from memory once per pass whatever the row count. The kernel needs AVX-512F and a C compiler
-(gcc, present wherever Python packages compile); where either is missing, or `DARTREE_ROWS_KERNEL=0`,
-`rows_kernel_available()` is False and `models.loading` keeps the MKL-packed path (`models.packed`).
+are read from memory once per pass whatever the row count. The weights stream as fp32 (or exact bf16)
+panels, or, for the embedded GGUF target, as the GGUF's own Q4_1 / Q8_0 blocks (`BlockPanels`, made by
+`models.gguf_panels`) rebuilt bit for bit in registers: the same results from about a sixth of the bytes.
+
+The kernel needs AVX-512F and a C compiler (gcc, present wherever Python packages compile); where either
+is missing, or `DARTREE_ROWS_KERNEL=0`, `rows_kernel_available()` is False and `models.loading` keeps the
+MKL-packed path (`models.packed`).
 
 No torch headers or ninja are involved: one C file, one `gcc` call (~1 s), cached under
 `$DARTREE_CACHE/kernels` by a hash of the source, the flags and the compiler version.
@@ -19,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +31,8 @@ import torch
 from .packed import use_packed_linears
 
 SOURCE = Path(__file__).with_name("rows_linear.c")
-FLAGS = ("-O2", "-mavx512f", "-fopenmp", "-shared", "-fPIC")
+# -ffp-contract=off: the GGUF block rebuild keeps gguf.quants' separate multiply and add (rows_linear.c)
+FLAGS = ("-O2", "-mavx512f", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -82,11 +88,16 @@ def load_rows_kernel():
         else:
             try:
                 lib = ctypes.CDLL(str(_build(cc)))
-                fn = {torch.float32: lib.rows_linear_f32, torch.bfloat16: lib.rows_linear_bf16w}
+                fn = {torch.float32: lib.rows_linear_f32, torch.bfloat16: lib.rows_linear_bf16w,
+                      "q4_1": lib.rows_linear_q4_1, "q8_0": lib.rows_linear_q8_0}
                 for f in fn.values():
                     f.restype = None
                     f.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                   ctypes.c_long, ctypes.c_long, ctypes.c_long]
+                for kind in BLOCK_BYTES:  # the exactness check of block panels
+                    f = fn[f"mismatches_{kind}"] = getattr(lib, f"rows_mismatches_{kind}")
+                    f.restype = ctypes.c_long
+                    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
                 why = "on"
             except (OSError, RuntimeError) as exc:
                 why = f"build failed: {exc}"
@@ -123,22 +134,58 @@ def panel_weight(weight: torch.Tensor, allow_bf16: bool = True) -> torch.Tensor:
     return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
 
 
-def rows_linear(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+QK = 32  # weights per GGUF block, as in rows_linear.c
+BLOCK_BYTES = {"q4_1": 640, "q8_0": 1088}  # bytes per 32 x 32 weights of a block panel (rows_linear.c)
+
+
+@dataclass(frozen=True)
+class BlockPanels:
+    """An [n, k] weight as GGUF block panels: `data` uint8 [ceil(n / 32), k / 32, BLOCK_BYTES[kind]].
+
+    rows_linear.c ("GGUF blocks") has the byte layout; `models.gguf_panels` makes them from a GGUF.
+    """
+
+    kind: str  # "q4_1" or "q8_0"
+    data: torch.Tensor
+    n: int
+    k: int
+
+    def __post_init__(self):
+        expected = (-(-self.n // PANEL), self.k // QK, BLOCK_BYTES[self.kind])
+        if self.k % QK or self.data.dtype != torch.uint8 or tuple(self.data.shape) != expected:
+            raise ValueError(f"{self.kind} block panels of a [{self.n}, {self.k}] weight must be uint8 {expected}, "
+                             f"not {self.data.dtype} {tuple(self.data.shape)}")
+
+
+def rows_linear(x: torch.Tensor, panels, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for fp32 CPU tensors through the kernel (which must be available).
 
-    `panels` is `panel_weight(weight)` and `n` the weight's row count; x may have any leading shape.
+    `panels` is `panel_weight(weight)` or the weight's `BlockPanels`, and `n` the weight's row count;
+    x may have any leading shape.
     """
-    fn = load_rows_kernel()[panels.dtype]
-    k = panels.shape[1]
+    kernels = load_rows_kernel()
+    if isinstance(panels, BlockPanels):
+        fn, k, data = kernels[panels.kind], panels.k, panels.data
+    else:
+        fn, k, data = kernels[panels.dtype], panels.shape[1], panels
     flat = x.reshape(-1, k)
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     m = flat.shape[0]
     out = torch.empty(m, n, dtype=torch.float32, device=x.device)
     if m:
-        fn(flat.data_ptr(), flat.stride(0), panels.data_ptr(), bias.data_ptr() if bias is not None else None,
+        fn(flat.data_ptr(), flat.stride(0), data.data_ptr(), bias.data_ptr() if bias is not None else None,
            out.data_ptr(), m, k, n)
     return out.reshape(*x.shape[:-1], n)
+
+
+def rebuild_mismatches(panels: BlockPanels, weight: torch.Tensor) -> int:
+    """How many elements of the fp32 [n, k] `weight` differ in any bit from what the kernel rebuilds from
+    `panels` (by the kernel's own code): 0 means the panels give the fp32 panels' results bit for bit."""
+    w = weight.detach().float().contiguous()
+    if tuple(w.shape) != (panels.n, panels.k):
+        raise ValueError(f"a [{panels.n}, {panels.k}] weight's panels checked against a {tuple(w.shape)} weight")
+    return load_rows_kernel()[f"mismatches_{panels.kind}"](panels.data.data_ptr(), w.data_ptr(), panels.k, panels.n)
 
 
 def cached_panels(owner, name: str, weight: torch.Tensor) -> torch.Tensor:
@@ -171,6 +218,13 @@ def gru_cell(x: torch.Tensor, h: torch.Tensor, ih_panels: torch.Tensor, hh_panel
     return n + z * (h - n)
 
 
+def _blocks_of(linear: torch.nn.Linear) -> BlockPanels | None:
+    """The linear's GGUF block panels, while its weight is still the one they were checked against."""
+    held = linear.__dict__.get("_rows_blocks")
+    w = linear.weight
+    return held[1] if held is not None and held[0] == (w.data_ptr(), w._version) else None
+
+
 def _kernel_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`linear(x)`, through the kernel whenever the call is fp32 on CPU and needs no gradient."""
     w, bias = linear.weight, linear.bias
@@ -178,27 +232,34 @@ def _kernel_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
             or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()))
             or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
         return torch.nn.functional.linear(x, w, bias)
-    return rows_linear(x, _panels_of(linear), w.shape[0], bias)
+    return rows_linear(x, _blocks_of(linear) or _panels_of(linear), w.shape[0], bias)
 
 
-def use_rows_kernel(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> bool:
+def use_rows_kernel(model: torch.nn.Module, skip: tuple[str, ...] = (),
+                    blocks: dict[str, BlockPanels] | None = None) -> bool:
     """Route every CPU fp32 `nn.Linear` of `model` (but those named under `skip`) through the kernel.
 
     Per module instance, like `packed.use_packed_linears`: nothing global changes; a model on a GPU or in
     half precision is left alone, and a call that needs a gradient (training), or whose module was later
     moved or cast, takes `F.linear` as before. Each routed linear keeps its weight in the kernel's panel
-    layout beside the original (a second fp32 copy: ~540 MB for SmolLM2-135M). Returns False, with
-    nothing changed, where the kernel is unavailable (`rows_kernel_status()` says why).
+    layout beside the original (a second fp32 copy: ~540 MB for SmolLM2-135M), or streams the block panels
+    `blocks` has under its name, which must rebuild its weight exactly (`gguf_panels` checks): should the
+    weight change later, the linear takes fp32 panels again. Returns False, with nothing changed, where the
+    kernel is unavailable (`rows_kernel_status()` says why).
     """
     if not rows_kernel_available():
         return False
+    blocks = blocks or {}
     for name, module in model.named_modules():
         if skip and name.startswith(skip):
             continue
         if (isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32
                 and module.weight.device.type == "cpu"):
             module.forward = (lambda m: (lambda x: _kernel_linear(m, x)))(module)
-            _panels_of(module)  # now, not in the first decode
+            if name in blocks:  # a plain attribute, like the panels: never saved, moved or trained
+                module.__dict__["_rows_blocks"] = ((module.weight.data_ptr(), module.weight._version), blocks[name])
+            else:
+                _panels_of(module)  # now, not in the first decode
     return True
 
 
@@ -214,7 +275,7 @@ def route_like_target(module: torch.nn.Module, target, skip: tuple[str, ...] = (
 def describe_linear_path(target) -> str:
     """One line for the start-up log: the CPU linear path `load_models` chose for `target`, and why."""
     if getattr(target, "rows_kernel", False):
-        return "CPU linears: the row kernel (rows_linear.c)"
+        return f"CPU linears: the row kernel (rows_linear.c), {getattr(target, 'linear_weights', 'fp32 panels')}"
     why = rows_kernel_status().splitlines()[0]
     if getattr(target, "packed_weights", None) is not None:
         return f"CPU linears: MKL packs, the fallback (no row kernel: {why})"

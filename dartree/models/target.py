@@ -192,6 +192,8 @@ class Target:
     # CPU fp32 linears of this target and its drafter run the row-streaming kernel (models.rows_kernel):
     # set by load_models where the kernel builds. Plain decoding and tree verify then agree bit for bit.
     rows_kernel: bool = False
+    # What the kernel streams for its linears, in words: fp32 panels, or the GGUF's blocks (models.gguf_panels).
+    linear_weights: str = "fp32 panels"
     # Else: the LRU of MKL-packed weights shared by this target and its drafter (models.packed); None: off.
     packed_weights: object = None
 
