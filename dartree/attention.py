@@ -3,11 +3,26 @@
 Every tree node attends to the whole committed prefix, to its ancestors and to itself, and sits at
 position prefix_len + depth, exactly where it would sit if its path were decoded on its own. That is
 what makes one forward over the tree give, for each node, the logits of sequential decoding.
+
+`TREE_SDPA` is the target's attention: transformers' SDPA, except that a masked pass over several
+tokens (a tree verify) packs the query heads that share a key/value head into one group instead of
+copying every key and value `num_key_value_groups` times (`repeat_kv`), which transformers does whenever a
+mask is given. The copy grows with the context: at 2,048 tokens it was a fifth of a tree verify on SmolLM2
+(docs/speed.md, "Costs that grow with the context"). The packed call returns bit for bit what the
+repeated one does (tests/test_context_costs.py), so trees and plain decoding agree as before; plain
+decoding (one token) already takes transformers' own packed path, and the prefill (no mask) its
+`enable_gqa` one.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+TREE_SDPA = "dartree_sdpa"
 
 
 def ancestor_matrix(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -42,3 +57,28 @@ def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) ->
 def position_ids(depths: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """[1, N]: position of each node = prefix length + depth."""
     return (depths + prefix_len).unsqueeze(0)
+
+
+def tree_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' attention-function signature: query [b, H, n, d], key/value [b, H_kv, L, d]."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    n = query.shape[2]
+    if attention_mask is None or n == 1 or groups == 1 or dropout or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    b, heads, _, d = query.shape
+    kv_heads = key.shape[1]
+    packed = query.reshape(b, kv_heads, groups * n, d)  # heads g*groups .. read key/value head g: rows (head, node)
+    mask = attention_mask.expand(attention_mask.shape[0], 1, n, attention_mask.shape[-1]).repeat(1, 1, groups, 1)
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)  # [b, H_kv, groups*n, d]
+    return out.reshape(b, heads, n, value.shape[-1]).transpose(1, 2).contiguous(), None  # [b, n, H, d]
+
+
+AttentionInterface.register(TREE_SDPA, tree_sdpa_forward)
+AttentionMaskInterface.register(TREE_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def use_tree_sdpa(model) -> None:
+    """Switch a transformers model that runs SDPA to `TREE_SDPA` (the same numbers, no K/V copies)."""
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(TREE_SDPA)
