@@ -161,3 +161,22 @@ def test_bench_rows_carry_consistent_end_to_end_figures():
     assert tree["prefill_vs_ar"] == pytest.approx(tree["prefill_seconds"] / ar["prefill_seconds"])
     table = format_table(results)
     assert "e2e tok/s" in table and "prefill x" in table
+
+
+@pytest.mark.real
+def test_context_curve_rows_on_the_real_target(real_models):
+    from dartree.context_costs import context_curve, context_ids, format_context_curve
+    from dartree.prompts import DEV_LONG_PROMPTS, read_prompt_file
+
+    documents = read_prompt_file(DEV_LONG_PROMPTS, limit=3)
+    ids = context_ids(real_models.target, documents, 100)
+    assert 95 <= len(ids) <= 100 and ids[-3:] == real_models.target.chat_ids("x")[-3:]  # the assistant header
+    results = context_curve(real_models, documents, contexts=(48, 96), sizes=(1, 9), repeats=1, rounds=2)
+    first, last = results["rows"]
+    assert first["context_tokens"] < last["context_tokens"] <= 96
+    for row in results["rows"]:
+        assert row["round_over_ar"] == pytest.approx(row["t_round"] / row["t_ar"])
+        assert set(row["verify_seconds"]) == {1, 9} and row["draft_seconds"] > 0
+        assert set(row["round_stage_seconds"]) == {"draft", "tree", "verify", "commit"}
+    assert results["round_growth"] == pytest.approx(last["round_over_ar"] / first["round_over_ar"])
+    assert results["shape"]["budget"] == 8 and "t_round/t_AR at" in format_context_curve(results)
