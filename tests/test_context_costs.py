@@ -1,27 +1,26 @@
-"""The preallocated caches and the packed tree attention give exactly what the plain ones give, without
+"""The preallocated caches and the tree attention without repeated K/V give exactly what the plain ones give, without
 the per-forward copies whose cost grows with the context; the bench's end-to-end fields add up."""
 
 import pytest
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from dartree import TREE_METHODS
 from dartree.attention import TREE_SDPA, use_tree_sdpa
 from dartree.bench import BenchConfig, format_table, run_bench
 from dartree.cache import PrefixCache, PrefixLayer, compact_cache, new_cache, truncate_cache
+from dartree.context_costs import context_curve, context_ids, format_context_curve
 from dartree.draft import DrafterContext
 from dartree.engine import Decoder, DecodeSettings, generate
-from dartree.verify import verify_tree, walk_tree
+from dartree.models.target import Target
+from dartree.prompts import DEV_LONG_PROMPTS, read_prompt_file
+from dartree.verify import verify_tree
 from test_verify import path_of, random_tree
 from tiny import tiny_drafter, tiny_target
 
 
 def gqa_target(**kw):
     """A tiny target whose query heads share key/value heads three to one, like SmolLM2's 9 / 3."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from dartree.models.target import Target
-
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
@@ -165,9 +164,6 @@ def test_bench_rows_carry_consistent_end_to_end_figures():
 
 @pytest.mark.real
 def test_context_curve_rows_on_the_real_target(real_models):
-    from dartree.context_costs import context_curve, context_ids, format_context_curve
-    from dartree.prompts import DEV_LONG_PROMPTS, read_prompt_file
-
     documents = read_prompt_file(DEV_LONG_PROMPTS, limit=3)
     ids = context_ids(real_models.target, documents, 100)
     assert 95 <= len(ids) <= 100 and ids[-3:] == real_models.target.chat_ids("x")[-3:]  # the assistant header
