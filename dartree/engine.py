@@ -133,12 +133,6 @@ class GenerationResult:
         decoded = max(len(self.token_ids) - 1, 0)
         return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
-    @property
-    def e2e_tokens_per_second(self) -> float:
-        """End to end: every new token (the prefill's first one included) per second of prefill + rounds."""
-        seconds = self.prefill_seconds + self.decode_seconds
-        return len(self.token_ids) / seconds if seconds > 0 else 0.0
-
 
 def make_builder(settings: DecodeSettings, block, corrector):
     """The method's tree builder for this round's block (the protocol of dartree.tree)."""
