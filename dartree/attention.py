@@ -3,11 +3,29 @@
 Every tree node attends to the whole committed prefix, to its ancestors and to itself, and sits at
 position prefix_len + depth, exactly where it would sit if its path were decoded on its own. That is
 what makes one forward over the tree give, for each node, the logits of sequential decoding.
+
+`TREE_SDPA` is the target's attention: transformers' SDPA, except that on a CPU a masked pass over
+several tokens (a tree verify) calls SDPA with `enable_gqa=True`, so the kernel reads each key/value head
+for its group of query heads, instead of copying every key and value `num_key_value_groups` times
+(`repeat_kv`), which transformers does whenever a mask is given. That copy grows with the context: at
+2,048 tokens it was a fifth of a tree verify on SmolLM2 (docs/speed.md, "Costs that grow with the
+context"). The CPU kernel computes each head exactly as on the repeated tensors, so the result is the
+same bit for bit (tests/test_context_costs.py) and trees and plain decoding agree as before. Not done:
+packing a group's heads into one query block (faster still, 0.71 against 0.88 ms a layer at 2,048 tokens)
+changes the kernel's row blocks once a group holds more than 32 rows, and with them the last bits.
+Elsewhere (CUDA: its fused kernels take no mask with GQA) and for one token (transformers' own packed
+path) or the prefill (no mask: transformers' `enable_gqa` path) it is transformers' function unchanged.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+TREE_SDPA = "dartree_sdpa"
 
 
 def ancestor_matrix(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -42,3 +60,24 @@ def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) ->
 def position_ids(depths: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """[1, N]: position of each node = prefix length + depth."""
     return (depths + prefix_len).unsqueeze(0)
+
+
+def tree_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' attention-function signature: query [b, H, n, d], key/value [b, H_kv, L, d] -> [b, n, H, d]."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (query.device.type != "cpu" or attention_mask is None or query.shape[2] == 1 or groups == 1 or dropout
+            or kwargs.get("position_bias") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(TREE_SDPA, tree_sdpa_forward)
+AttentionMaskInterface.register(TREE_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def use_tree_sdpa(model) -> None:
+    """Switch a transformers model that runs SDPA to `TREE_SDPA` (the same numbers, no K/V copies)."""
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(TREE_SDPA)

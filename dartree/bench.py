@@ -1,4 +1,9 @@
-"""Interleaved speed measurements: every method in one process, prompt by prompt, prefill excluded.
+"""Interleaved speed measurements: every method in one process, prompt by prompt.
+
+Each row reports decode speed (rounds only, prefill excluded) and end-to-end speed (prefill included,
+what a user waits for), both as ratios to plain decoding, and `prefill_vs_ar`: a tree method's prefill
+(the target's pass with the drafter's feature layers, plus the drafter's context keys/values) over plain
+decoding's (the target's pass alone), on the same prompts.
 
 Machines are noisy, so the benchmark never compares runs made minutes apart: for each prompt it runs
 every configuration back to back (after a warm-up), and reports, per configuration, tokens per second
@@ -12,6 +17,7 @@ new tokens on a cached prefix, and t_draft, the cost of one drafter pass.
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
 import statistics
@@ -20,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .cache import compact_cache, truncate_cache
+from .cache import compact_cache, new_cache, truncate_cache
 from .defaults import AUTO_BUDGET_CAP  # noqa: F401  (re-exported: sweep and the CLI read it here)
 from . import timing
 from .engine import DecodeSettings
@@ -28,6 +34,7 @@ from .errors import UserError
 from .draft import DrafterContext, draft_block
 from .methods import METHODS
 from .trace import STAGE_KEYS
+from .timing import e2e_tokens_per_second as _e2e_tokens_per_second
 from .timing import tokens_per_second as _tokens_per_second
 from .tree import Tree
 
@@ -139,6 +146,8 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
 
     ar_runs = per[configs[0]]
     ar_tps = _tokens_per_second(ar_runs)
+    ar_e2e = _e2e_tokens_per_second(ar_runs)
+    ar_prefill = sum(r.prefill_seconds for r in ar_runs)
     rows = []
     for cfg in configs:
         runs = per[cfg]
@@ -153,10 +162,12 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "depth_bonus": cfg.settings(base).depth_bonus if METHODS[cfg.method].prunes else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
-            # prefill included, as a user waits (scripts/peer_llamacpp.py reports llama.cpp's the same way)
-            "end_to_end_tokens_per_second": sum(r.new_tokens for r in runs)
-            / (sum(r.prefill_seconds + r.decode_seconds for r in runs) or 1.0),
             "median_speedup": statistics.median(per_prompt),
+            # prefill included, as a user waits (scripts/peer_llamacpp.py reports llama.cpp's the same way)
+            "e2e_tokens_per_second": _e2e_tokens_per_second(runs),
+            "e2e_speedup_vs_ar": _e2e_tokens_per_second(runs) / ar_e2e if ar_e2e else 0.0,
+            "prefill_seconds": sum(r.prefill_seconds for r in runs),
+            "prefill_vs_ar": sum(r.prefill_seconds for r in runs) / ar_prefill if ar_prefill else 0.0,
             "n_prompts": len(runs), "new_tokens": sum(r.new_tokens for r in runs),
             "identical_to_ar": sum(r.token_ids == a.token_ids for r, a in zip(runs, ar_runs)),
             "stage_share": {k: v / total for k, v in stage.items()},
@@ -165,7 +176,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         })
         if sources and len(set(sources)) > 1:
             rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
-    return {"rows": rows, "machine": machine_info(target), "settings": {
+    return {"rows": rows, "date": datetime.date.today().isoformat(), "machine": machine_info(target), "settings": {
         "max_new_tokens": base.max_new_tokens, "temperature": base.temperature, "candidates": base.candidates,
         "depth": base.depth, "n_prompts": len(prompts), "dtype": dtype_name(target.dtype)},
         "drafter": models.drafter_description}
@@ -192,16 +203,18 @@ def _by_source(runs, ar_runs, sources: list[str]) -> dict:
 
 def format_table(results: dict) -> str:
     dtype = results["settings"].get("dtype", "fp32")
-    head = (f"{'method':<14}{'W':>4}{'B':>5}{'bonus':>6}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'same':>6}"
-            "  draft/tree/verify/commit")
+    head = (f"{'method':<14}{'W':>4}{'B':>5}{'bonus':>6}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'e2e tok/s':>10}"
+            f"{'e2e x':>7}{'prefill x':>10}{'same':>6}  draft/tree/verify/commit")
     lines = [f"dtype {dtype}; 'same' = runs whose tokens equal ar's in this run"
              + ("" if dtype == "fp32" else f" (not guaranteed in {dtype}: rounding flips near-ties; fp32 is exact)"),
+             "tok/s and speedup: decoding only; e2e: prefill included; prefill x: this prefill over ar's",
              head, "-" * len(head)]
     for r in results["rows"]:
         share = "/".join(f"{100 * r['stage_share'][k]:.0f}" for k in STAGE_KEYS)
         bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
         lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{bonus:>6}{r['tau']:>7.2f}"
-                     f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}"
+                     f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}{r['e2e_tokens_per_second']:>10.2f}"
+                     f"{r['e2e_speedup_vs_ar']:>7.2f}{r['prefill_vs_ar']:>10.2f}"
                      f"{r['identical_to_ar']:>3}/{r['n_prompts']:<2}  {share}")
     by_method = [(r, r["by_source"]) for r in results["rows"] if r.get("by_source") and r["method"] != "ar"]
     if by_method:
@@ -218,23 +231,16 @@ def format_table(results: dict) -> str:
 def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256),
                repeats: int = 7, depth: int = 7) -> dict:
     """Median seconds of one verify forward over N tree tokens, and of one drafter pass."""
-    from transformers import DynamicCache
-
     target, drafter = models.target, models.drafter
     ids = target.chat_ids(prompt)
     dev = target.device
     feature_layers = tuple(drafter.cfg.target_layer_ids) if drafter is not None else ()
-    cache = DynamicCache()
+    cache = new_cache(target, len(ids) + max(sizes) + 1)
     out = target.prefill(ids, cache, feature_layers)
     prefix = len(ids)
     from .verify import verify_tree
 
-    verify = {}
-    for n in sizes:
-        tree = _chain_tree(n, depth, dev)
-        verify[n] = median_seconds(lambda: verify_tree(target, tree, cache, prefix, feature_layers), dev, repeats,
-                                   setup=lambda: truncate_cache(cache, prefix))
-    truncate_cache(cache, prefix)
+    verify = verify_seconds(target, cache, prefix, sizes, depth, repeats, feature_layers)
     result = {"prefix_tokens": prefix, "verify_seconds": verify, "t_ar": verify[1]}
 
     context = DrafterContext.from_prefill(drafter, out.features) if drafter is not None else None
@@ -262,6 +268,21 @@ def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 9
             lambda: draft_block(drafter, target, context, anchor, prefix, drafter.max_depth, 64), dev, repeats)
     result["lm_head_seconds"] = lm_head_timings(target, repeats=repeats)
     return result
+
+
+@torch.inference_mode()
+def verify_seconds(target, cache, prefix: int, sizes, depth: int, repeats: int, feature_layers=()) -> dict:
+    """{N: median seconds of one verify forward over an N-node tree on the cache's `prefix` rows}; the cache
+    is cut back to `prefix` before every call and after the last."""
+    from .verify import verify_tree
+
+    out = {}
+    for n in sizes:
+        tree = _chain_tree(n, depth, target.device)
+        out[n] = median_seconds(lambda: verify_tree(target, tree, cache, prefix, feature_layers), target.device,
+                                repeats, setup=lambda: truncate_cache(cache, prefix))
+    truncate_cache(cache, prefix)
+    return out
 
 
 @torch.inference_mode()
@@ -339,9 +360,7 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     target, drafter = models.target, models.drafter
     ids = target.chat_ids(prompt)
     dev = target.device
-    from transformers import DynamicCache
-
-    out = target.prefill(ids, DynamicCache(), tuple(drafter.cfg.target_layer_ids))
+    out = target.prefill(ids, new_cache(target, len(ids)), tuple(drafter.cfg.target_layer_ids))
     context = DrafterContext.from_prefill(drafter, out.features)
     depth = drafter.max_depth
     block = draft_block(drafter, target, context, out.logits[0].argmax(), len(ids), depth, candidates)

@@ -95,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--budget-policy", default=None, help="calibration file for B=auto (default: the shipped one)")
     bench.add_argument("--out", default=None, help="results JSON path")
     bench.add_argument("--cost-curve", action="store_true", help="also measure t_verify(N) and t_draft")
+    bench.add_argument("--context-curve", action="store_true",
+                       help="instead of the bench: how t_AR, t_round of the default shape, t_verify(N) and t_draft "
+                            "grow with the context (contexts cut from --prompt-file, default the long dev prompts)")
+    bench.add_argument("--contexts", type=_int_list, default=[128, 512, 1024, 2048],
+                       help="context lengths in tokens for --context-curve")
     bench.add_argument("--plot", default=None, help="HTML plot path (speedups and the per-stage time split)")
     bench.add_argument("--no-progress", action="store_true")
     _add_decode_args(bench, sweep=True)
@@ -228,11 +233,28 @@ def _write_json(path, results) -> None:
         print(f"[dartree] wrote {path}", file=sys.stderr)
 
 
+def cmd_context_curve(args) -> int:
+    from .context_costs import context_curve, format_context_curve
+    from .models.loading import load_models
+    from .prompts import DEV_LONG_PROMPTS, read_prompt_file
+
+    documents = read_prompt_file(args.prompt_file or DEV_LONG_PROMPTS)
+    _set_threads(args.threads)
+    models = load_models(args.target, args.drafter, args.device, args.dtype)
+    results = context_curve(models, documents, contexts=args.contexts)
+    results["command"] = _command_line(args)
+    print(format_context_curve(results))
+    _write_json(args.out, results)
+    return 0
+
+
 def cmd_bench(args) -> int:
     from .bench import cost_curve, format_table, run_bench
     from .models.loading import load_models
     from .prompts import DEV_PROMPTS, read_prompt_rows
 
+    if args.context_curve:
+        return cmd_context_curve(args)
     rows = read_prompt_rows(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
     prompts = [prompt for prompt, _ in rows]
     _set_threads(args.threads)

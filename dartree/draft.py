@@ -22,35 +22,61 @@ from .tree import Draft
 
 
 class DrafterContext:
-    """Context keys/values of the drafter for all committed positions (batch of one)."""
+    """Context keys/values of the drafter for all committed positions (batch of one).
 
-    def __init__(self, drafter):
+    Preallocated like the target's cache (dartree.cache): per drafter layer, buffers [1, kv_heads,
+    capacity, d] whose first `length` rows are in use; a commit writes its rows in place instead of
+    concatenating the whole context onto them, and a write past the capacity doubles it (one copy).
+    """
+
+    def __init__(self, drafter, capacity: int = 0):
         self.drafter = drafter
-        self.kv = None
+        self.capacity = capacity
+        self.buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer (keys, values)
         self.length = 0
 
+    @property
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Per layer (keys, values) [1, kv_heads, length, d]: views of the rows in use."""
+        if self.buffers is None:
+            return None
+        return [(k[:, :, :self.length], v[:, :, :self.length]) for k, v in self.buffers]
+
     @classmethod
-    def from_prefill(cls, drafter, features: torch.Tensor, start: int = 0) -> "DrafterContext":
-        """The context of a prefilled sequence: its target features [n, F] at positions start..start+n-1."""
-        context = cls(drafter)
+    def from_prefill(cls, drafter, features: torch.Tensor, start: int = 0, capacity: int = 0) -> "DrafterContext":
+        """The context of a prefilled sequence: its target features [n, F] at positions start..start+n-1,
+        with room for `capacity` positions in all (the Decoder's prompt + output)."""
+        context = cls(drafter, capacity)
         context.append(features, torch.arange(start, start + features.shape[0], device=features.device))
         return context
 
     def prefix(self, length: int) -> "DrafterContext":
-        """The first `length` positions, as a context of their own (views of this one's keys and values)."""
+        """The first `length` positions, as a context of their own (views of this one's buffers: a later
+        append to the view writes past `length`, so only read from it)."""
         view = DrafterContext(self.drafter)
-        view.kv = [(k[:, :, :length], v[:, :, :length]) for k, v in self.kv]
-        view.length = length
+        view.buffers, view.length, view.capacity = self.buffers, length, self.capacity
         return view
 
     def append(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Add the target features [n, F] of newly committed tokens at positions [n]."""
         new = self.drafter.context_kv(features[None].to(self.drafter.fc.weight.dtype), positions[None])
-        if self.kv is None:
-            self.kv = new
-        else:
-            self.kv = [(torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.kv, new)]
-        self.length += int(features.shape[0])
+        start, end = self.length, self.length + int(features.shape[0])
+        if self.buffers is None or end > self.buffers[0][0].shape[2]:
+            self._reserve(new, max(end, self.capacity, 2 * self.length))
+        for (k, v), (nk, nv) in zip(self.buffers, new):
+            k[:, :, start:end] = nk
+            v[:, :, start:end] = nv
+        self.length = end
+
+    def _reserve(self, like, capacity: int) -> None:
+        """Buffers of `capacity` rows, shaped like the new rows `like`, holding the rows in use."""
+        old = self.kv
+        self.buffers = [(k.new_empty(*k.shape[:2], capacity, k.shape[3]), v.new_empty(*v.shape[:2], capacity, v.shape[3]))
+                        for k, v in like]
+        for (k, v), (ok, ov) in zip(self.buffers, old or []):
+            k[:, :, :self.length] = ok
+            v[:, :, :self.length] = ov
+        self.capacity = capacity
 
 
 @dataclass

@@ -19,10 +19,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
-from transformers import DynamicCache
 
 from . import METHODS, TREE_METHODS
-from .cache import compact_cache
+from .cache import compact_cache, new_cache
 from .defaults import AUTO_BUDGET_CAP, default_shape
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
@@ -242,7 +241,9 @@ class Decoder:
         self.prompt_ids = list(prompt_ids)
         self.feature_layers = tuple(self.drafter.cfg.target_layer_ids) if self.drafter is not None else ()
         self.generator = torch.Generator(device=self.device).manual_seed(int(self.settings.seed))
-        self.cache = DynamicCache()
+        # room for the prompt, the output and one round's tree: decoding never grows or copies the caches
+        self.prefix_room = len(prompt_ids) + self.settings.max_new_tokens
+        self.cache = new_cache(target, self.prefix_room + self.settings.budget + 2)
         self.context: DrafterContext | None = None  # the drafter's, from the prefill on
         self.output: list[int] = []
         self.prefix_len = 0
@@ -301,7 +302,8 @@ class Decoder:
             out = self.target.prefill(self.prompt_ids, self.cache, self.feature_layers)
             first = next_tokens(out.logits, self.settings.temperature, self.settings.top_p, self.generator)
             if self.drafter is not None:
-                self.context = DrafterContext.from_prefill(self.drafter, out.features)
+                self.context = DrafterContext.from_prefill(self.drafter, out.features,
+                                                           capacity=self.prefix_room)
             self.prefix_len = len(self.prompt_ids)
             self.anchor = first[0]
             self._append([int(first[0])])

@@ -11,6 +11,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DEV_PROMPTS = SHARED_DATA / "dev_prompts.jsonl"
 TRAIN_PROMPTS = SHARED_DATA / "train_prompts.jsonl"
+DEV_LONG_PROMPTS = SHARED_DATA / "dev_long_prompts.jsonl"  # documents + a question (shared/data/README.md)
 
 
 def read_prompt_file(path: str | Path, limit: int | None = None, spread: bool = False) -> list[str]:

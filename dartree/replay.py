@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from .cache import new_cache
 from .draft import DrafterContext, PathCorrector, draft_block
 from .engine import DecodeSettings, build_round_tree, generate, sibling_count
 from .methods import METHODS
@@ -46,11 +47,9 @@ class Continuation:
 @torch.inference_mode()
 def make_continuation(target, drafter, prompt_ids: list[int], output_ids: list[int]) -> Continuation:
     """Teacher-force prompt + output through the target once and project every position's features."""
-    from transformers import DynamicCache
-
     seq = prompt_ids + output_ids
     layers = tuple(drafter.cfg.target_layer_ids)
-    out = target.prefill(seq, DynamicCache(), layers)
+    out = target.prefill(seq, new_cache(target, len(seq)), layers)
     return Continuation(list(prompt_ids), list(output_ids), DrafterContext.from_prefill(drafter, out.features))
 
 

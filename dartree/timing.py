@@ -47,6 +47,12 @@ def tokens_per_second(runs: list[GenerationResult]) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def e2e_tokens_per_second(runs: list[GenerationResult]) -> float:
+    """New tokens per second of prefill + decoding over runs (end to end, as a user waits; ratio of sums)."""
+    seconds = sum(r.prefill_seconds + r.decode_seconds for r in runs)
+    return sum(r.new_tokens for r in runs) / seconds if seconds else 0.0
+
+
 def mean_tau(runs: list[GenerationResult]) -> float:
     """Tokens committed per round over runs (ratio of sums, as bench's τ)."""
     rounds = sum(r.rounds for r in runs)

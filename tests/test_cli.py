@@ -10,7 +10,8 @@ pytestmark = pytest.mark.real
 
 GEN_KEYS = {"prompt_index", "method", "text", "token_ids", "new_tokens", "rounds", "tau", "decode_seconds",
             "tokens_per_second"}
-ROW_KEYS = {"method", "width", "budget", "tau", "tokens_per_second", "speedup_vs_ar", "n_prompts", "new_tokens"}
+ROW_KEYS = {"method", "width", "budget", "tau", "tokens_per_second", "speedup_vs_ar", "n_prompts", "new_tokens",
+            "e2e_tokens_per_second", "e2e_speedup_vs_ar", "prefill_seconds", "prefill_vs_ar"}
 
 
 def run(*args, timeout=600):
@@ -46,7 +47,8 @@ def test_bench_writes_rows_against_plain_decoding(tmp_path):
         per = row["by_source"]
         assert sorted(per) == ["gsm8k-test", "self-instruct-user-oriented"]
         assert all(v["n_prompts"] == 1 and v["tau"] >= 1.0 for v in per.values())
-    assert results["rows"][0]["speedup_vs_ar"] == 1.0
+    assert results["rows"][0]["speedup_vs_ar"] == results["rows"][0]["e2e_speedup_vs_ar"] == 1.0
+    assert "e2e tok/s" in out.stdout
     assert all(v["tau"] == 1.0 and v["speedup_vs_ar"] == 1.0 for v in results["rows"][0]["by_source"].values())
     assert "tau by prompt source" in out.stdout
     assert "machine" in results
@@ -139,7 +141,8 @@ def test_bench_table_says_when_same_as_ar_is_not_guaranteed():
     from dartree.bench import format_table
 
     row = {"method": "ar", "width": None, "budget": None, "depth_bonus": None, "tau": 1.0, "tokens_per_second": 9.0,
-           "speedup_vs_ar": 1.0, "identical_to_ar": 3, "n_prompts": 3,
+           "speedup_vs_ar": 1.0, "identical_to_ar": 3, "n_prompts": 3, "e2e_tokens_per_second": 8.0,
+           "e2e_speedup_vs_ar": 1.0, "prefill_vs_ar": 1.0,
            "stage_share": {"draft": 0.0, "tree": 0.0, "verify": 1.0, "commit": 0.0}}
     assert "not guaranteed" not in format_table({"rows": [row], "settings": {"dtype": "fp32"}})
     assert "not guaranteed in bf16" in format_table({"rows": [row], "settings": {"dtype": "bf16"}})

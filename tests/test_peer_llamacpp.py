@@ -60,7 +60,7 @@ def test_summary_is_a_ratio_of_sums_as_the_bench(peer):
     rows = [{"new_tokens": 11, "prefill_seconds": 0.5, "decode_seconds": 1.0, "total_seconds": 1.5},
             {"new_tokens": 21, "prefill_seconds": 1.5, "decode_seconds": 1.0, "total_seconds": 2.5}]
     summary = peer.summarise(rows)
-    assert summary["end_to_end_tokens_per_second"] == pytest.approx(32 / 4.0)
+    assert summary["e2e_tokens_per_second"] == pytest.approx(32 / 4.0)
     assert summary["tokens_per_second"] == pytest.approx(30 / 2.0)
     assert summary["prefill_seconds_mean"] == pytest.approx(1.0)
 
@@ -93,4 +93,4 @@ def test_a_run_feeds_the_bench_token_ids_and_writes_json(peer, monkeypatch, tmp_
     assert result["engine"] == "llama.cpp (llama-cpp-python fake)" and result["settings"]["n_prompts"] == 2
     assert [r["token_ids"] for r in result["rows"]] == [[7, 8, 9]] * 2
     assert [r["source"] for r in result["rows"]] == ["a", "b"]
-    assert result["end_to_end_tokens_per_second"] > 0 and result["tokens_per_second"] > 0
+    assert result["e2e_tokens_per_second"] > 0 and result["tokens_per_second"] > 0

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..attention import use_tree_sdpa
 from ..errors import UserError
 from .packed import unpacked
 
@@ -315,6 +316,7 @@ def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | No
     except (OSError, ValueError, SafetensorError) as exc:
         raise UserError(f"could not load target {name!r} from {path}: {exc}") from exc
     model.to(dev).eval()
+    use_tree_sdpa(model)  # SDPA without copying K/V per query head in tree passes (dartree.attention)
     eos = set()
     for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
         if isinstance(source, int):
