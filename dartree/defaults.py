@@ -27,3 +27,10 @@ def default_shape(device_type: str) -> dict:
     The one source of defaults: `DecodeSettings` resolves its unset fields from it (dartree.engine), and
     the CLI and the app take it through `dartree.budget.shape_for` (which also checks the auto budget)."""
     return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
+
+# Retrieval branches (dartree.retrieval): off until measured. RETRIEVAL_PRIORS are the prior acceptance rates
+# P(node accepted | parent accepted): n-grams by match length n = 1..4, the successor table by column at
+# depth 1 and one rate for its chains below; each is worth PRIOR_WEIGHT observations of the online counts.
+RETRIEVAL_DEFAULT = "none"
+RETRIEVAL_PRIORS = {"ngram": (0.3, 0.45, 0.55, 0.65), "table": (0.5, 0.12, 0.06, 0.04), "table_chain": 0.45}
+RETRIEVAL_PRIOR_WEIGHT = 4.0
