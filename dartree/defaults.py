@@ -32,5 +32,5 @@ def default_shape(device_type: str) -> dict:
 # P(node accepted | parent accepted): n-grams by match length n = 1..4, the successor table by column at
 # depth 1 and one rate for its chains below; each is worth PRIOR_WEIGHT observations of the online counts.
 RETRIEVAL_DEFAULT = "none"
-RETRIEVAL_PRIORS = {"ngram": (0.3, 0.45, 0.55, 0.65), "table": (0.5, 0.12, 0.06, 0.04), "table_chain": 0.45}
+RETRIEVAL_PRIORS = {"ngram": (0.2, 0.6, 0.75, 0.9), "table": (0.55, 0.08, 0.08, 0.08), "table_chain": 0.7}
 RETRIEVAL_PRIOR_WEIGHT = 4.0

@@ -393,7 +393,7 @@ class Decoder:
         self.next_stage = "verify"
         tree = self.tree
         return TreeRecord(self.round, tree.tokens, tree.parents, tree.depths, tree.scores, kept, budget, t.seconds,
-                          sources=tree.sources, supertree_sources=self.supertree.sources)
+                          sources=tree.sources, supertree=self.supertree if self.retriever is not None else None)
 
     @torch.inference_mode()
     def verify(self) -> VerifyRecord:

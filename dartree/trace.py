@@ -113,7 +113,7 @@ class TreeRecord:
     seconds: float
     stage: str = "prune"
     sources: torch.Tensor | None = None  # [N] bit mask of who proposed each node (dartree.retrieval); None: drafted
-    supertree_sources: torch.Tensor | None = None  # the same for the merged supertree the cut picked from
+    supertree: object | None = None  # with retrieval: the merged supertree (a dartree.tree.Tree) the cut picked from
 
     @property
     def num_nodes(self) -> int:

@@ -152,4 +152,5 @@ def test_acceptance_rates_learn_from_observed_nodes():
         rates.observe(p, torch.tensor([[1, 2]]), torch.tensor([-1, 0, 1]), torch.tensor([True, True, False]))
     after = rates.log_rate("ngram")[:2].exp()
     assert after[0] > before[0] and after[1] < before[1]
-    assert torch.allclose(after, torch.tensor([(10 + 4 * 0.3) / 14, (0 + 4 * 0.3) / 14], dtype=after.dtype))
+    prior = RETRIEVAL_PRIORS["ngram"][0]  # slots 0, 1: match length 1, depths 1 and 2
+    assert torch.allclose(after, torch.tensor([(10 + 4 * prior) / 14, (0 + 4 * prior) / 14], dtype=after.dtype))

@@ -100,7 +100,7 @@ CHANGES = {  # the panels a step redraws, by its record's stage (ddtree's whole-
     "prefill": frozenset({"text"}),
     "draft": ROUND_PANELS,
     "depth": frozenset({"supertree_fig", "correction_fig"}),
-    "prune": frozenset({"prune_fig", "rank_fig", "mask_fig"}),
+    "prune": frozenset({"supertree_fig", "prune_fig", "rank_fig", "mask_fig"}),  # retrieved nodes join at the cut
     "verify": frozenset({"verify_fig", "mask_fig", "text"}),
     "commit": frozenset({"text", "timeline_fig"}) | SPEED,
 }
@@ -112,7 +112,7 @@ def _supertree(session) -> dict | None:
         return None
     built = len(r.depths) if r.tree is None else s.depth
     return {"nodes": r.nodes, "max_depth": s.depth,
-            "caption": narrate.supertree_caption(s, len(r.alive) - 1, built)}
+            "caption": narrate.supertree_caption(s, len(r.alive) - 1, built, r.prune)}
 
 
 def _prune(session) -> dict | None:
