@@ -136,6 +136,9 @@ def decoded_rounds(target, drafter, cont: Continuation, settings: DecodeSettings
     """One configuration's rounds by real decoding (T = 0), for configurations a replay cannot reproduce."""
     result = generate(target, drafter, cont.prompt_ids,
                       replace(settings, temperature=0.0, max_new_tokens=len(cont.output_ids)))
+    if target.dtype == torch.float32 and result.token_ids != cont.output_ids:  # fp32, T = 0: exactly plain's
+        raise RuntimeError(f"{settings.method} with retrieval {settings.retrieval!r} decoded other tokens than plain "
+                           "decoding: retrieval broke the lossless guarantee")
     records = result.round_records
     return ReplayRounds([r.committed for r in records], [r.tree_nodes for r in records],
                         [r.seconds["tree"] for r in records])

@@ -227,6 +227,26 @@ def test_figures_from_plain_values_only():
     assert pos[4][1] == pytest.approx(1 - 1.25 / 6) and pos[5][1] == pytest.approx(0.5)  # weights 2.5, 1, 2.5
 
 
+def test_retrieval_round_marks_retrieved_nodes_and_counts_them(canonical, plain):
+    """Retrieval on: the prune adds the retrieved chains to the supertree (own markers), the captions count
+    what each source proposed and how many were accepted, and the output stays plain decoding's."""
+    session = copy.deepcopy(canonical)
+    values = dict(SMALL, retrieval="both")
+    event(session, "draft", **values)
+    for _ in range(7):
+        out = event(session, "depth", **values)
+    out = event(session, "prune", **values)
+    assert {"supertree_fig", "prune_fig"} <= set(out)
+    assert "ngram proposed" in out["prune_fig"].layout.title.text and "table proposed" in out["prune_fig"].layout.title.text
+    symbols = set(out["supertree_fig"].data[-1].marker.symbol)
+    assert symbols & {"square", "diamond", "star-diamond"}  # the table always proposes from the prefill's logits
+    out = event(session, "verify", **values)
+    assert "accepted" in out["verify_fig"].layout.title.text and "table:" in out["verify_fig"].layout.title.text
+    out = event(session, "end", **values)
+    assert out["summary"]["output_ids"] == plain and out["summary"]["settings"]["retrieval"] == "both"
+    assert Controls.of(**values).settings().retrieval == "both"
+
+
 def test_auto_budget_round_is_lossless_and_explains_its_choice(canonical, plain):
     """The checkbox runs dartree with the shipped calibration: B varies per round, capped by the slider."""
     session = copy.deepcopy(canonical)

@@ -93,6 +93,7 @@ def speed_md(session):
 
 
 OUTPUTS = ("status", "summary") + tuple(PANELS)
+RETRIEVED_JOIN = frozenset({"supertree_fig"})  # a prune with retrieval also redraws the supertree: its chains join there
 ROUND_PANELS = frozenset(("draft_fig", "supertree_fig", "correction_fig", "prune_fig", "rank_fig", "mask_fig",
                           "verify_fig"))
 SPEED = frozenset(("speed_fig", "speed_md"))
@@ -100,7 +101,7 @@ CHANGES = {  # the panels a step redraws, by its record's stage (ddtree's whole-
     "prefill": frozenset({"text"}),
     "draft": ROUND_PANELS,
     "depth": frozenset({"supertree_fig", "correction_fig"}),
-    "prune": frozenset({"supertree_fig", "prune_fig", "rank_fig", "mask_fig"}),  # retrieved nodes join at the cut
+    "prune": frozenset({"prune_fig", "rank_fig", "mask_fig"}),
     "verify": frozenset({"verify_fig", "mask_fig", "text"}),
     "commit": frozenset({"text", "timeline_fig"}) | SPEED,
 }

@@ -248,7 +248,10 @@ def step(session: Session) -> tuple[str, frozenset]:
     absorb(rec, session)
     if not isinstance(rec, PrefillRecord):
         session.round.records.append(rec)
-    return narrate(rec, session), panels.CHANGES[rec.stage]
+    changed = panels.CHANGES[rec.stage]
+    if isinstance(rec, TreeRecord) and rec.supertree is not None:
+        changed = changed | panels.RETRIEVED_JOIN
+    return narrate(rec, session), changed
 
 
 # ---------------------------------------------------------------------------------------- events
