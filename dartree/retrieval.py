@@ -79,10 +79,6 @@ class Proposals:
     slots: torch.Tensor  # [R, D] long: the calibration slot of each node within its source
     source: str  # "ngram" or "table"
 
-    @property
-    def depth(self) -> int:
-        return int(self.tokens.shape[1])
-
 
 # ---------------------------------------------------------------------------------------------- n-grams
 def ngram_matches(seq: torch.Tensor, max_n: int = MAX_NGRAM, branches: int = NGRAM_BRANCHES):
