@@ -33,6 +33,7 @@ from .engine import DecodeSettings
 from .errors import UserError
 from .draft import DrafterContext, draft_block
 from .methods import METHODS
+from .retrieval import RETRIEVAL_MODES
 from .trace import STAGE_KEYS
 from .timing import e2e_tokens_per_second as _e2e_tokens_per_second
 from .timing import tokens_per_second as _tokens_per_second
@@ -47,6 +48,7 @@ class BenchConfig:
     width: int | None
     budget: int | str | None  # "auto": dartree's cost-aware budget
     depth_bonus: float | None = None  # None: the base settings' (dartree's top-B cut)
+    retrieval: str | None = None  # None: the base settings' (dartree.retrieval: none, ngram, table, both)
 
     @property
     def label(self) -> str:
@@ -57,6 +59,8 @@ class BenchConfig:
             parts.append(f"B={self.budget}")
         if self.depth_bonus is not None:
             parts.append(f"bonus={self.depth_bonus:g}")
+        if self.retrieval is not None:
+            parts.append(f"retrieval={self.retrieval}")
         return " ".join(parts)
 
     @property
@@ -73,11 +77,14 @@ class BenchConfig:
             s = replace(s, budget=self.budget)
         if self.depth_bonus is not None:
             s = replace(s, depth_bonus=self.depth_bonus)
+        if self.retrieval is not None:
+            s = replace(s, retrieval=self.retrieval)
         return s
 
 
 def parse_configs(text: str) -> list[BenchConfig]:
-    """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2,dartree:W=8:B=auto` -> configs (ar always first)."""
+    """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2:retrieval=ngram,dartree:W=8:B=auto` -> configs
+    (ar always first)."""
     configs = [BenchConfig("ar", None, None)]
     for item in (x.strip() for x in text.split(",")):
         if not item or item == "ar":
@@ -88,14 +95,21 @@ def parse_configs(text: str) -> list[BenchConfig]:
         values = {}
         for knob in knobs:
             key, _, value = knob.partition("=")
-            if key not in ("W", "B", "bonus") or not value:
-                raise UserError(f"--configs item {item!r}: knobs are W=<int>, B=<int or auto> and bonus=<float>")
+            if key not in ("W", "B", "bonus", "retrieval") or not value:
+                raise UserError(f"--configs item {item!r}: knobs are W=<int>, B=<int or auto>, bonus=<float> and "
+                                f"retrieval=<{'|'.join(RETRIEVAL_MODES)}>")
+            if key == "retrieval":
+                if value not in RETRIEVAL_MODES:
+                    raise UserError(f"--configs item {item!r}: retrieval must be one of {', '.join(RETRIEVAL_MODES)}")
+                values[key] = value
+                continue
             try:
                 values[key] = value if (key == "B" and value == "auto") else (float if key == "bonus" else int)(value)
             except ValueError:
                 kind = "a number" if key == "bonus" else "an integer"
                 raise UserError(f"--configs item {item!r}: {key} must be {kind}") from None
-        configs.append(BenchConfig(method, values.get("W"), values.get("B"), values.get("bonus")))
+        configs.append(BenchConfig(method, values.get("W"), values.get("B"), values.get("bonus"),
+                                   values.get("retrieval")))
     return configs
 
 
@@ -173,6 +187,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "stage_share": {k: v / total for k, v in stage.items()},
             "round_seconds": total / rounds if rounds else 0.0,
             "mean_nodes": sum(x.tree_nodes for r in runs for x in r.round_records) / rounds if rounds else 0.0,
+            "retrieval": runs[0].settings["retrieval"], "sources": source_totals(runs),
         })
         if sources and len(set(sources)) > 1:
             rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
@@ -197,13 +212,26 @@ def _by_source(runs, ar_runs, sources: list[str]) -> dict:
         ar_tps = _tokens_per_second(ar)
         out[src] = {"n_prompts": len(mine),
                     "tau": sum(x.committed for r in mine for x in r.round_records) / rounds if rounds else 0.0,
-                    "speedup_vs_ar": _tokens_per_second(mine) / ar_tps if ar_tps else 0.0}
+                    "speedup_vs_ar": _tokens_per_second(mine) / ar_tps if ar_tps else 0.0,
+                    "sources": source_totals(mine)}
     return out
+
+
+def source_totals(runs) -> dict:
+    """Nodes proposed / verified / accepted per node source (draft, ngram, table) over the runs' rounds."""
+    total: dict = {}
+    for r in runs:
+        for x in r.round_records:
+            for src, counts in x.sources.items():
+                row = total.setdefault(src, {"proposed": 0, "verified": 0, "accepted": 0})
+                for k, v in counts.items():
+                    row[k] += v
+    return total
 
 
 def format_table(results: dict) -> str:
     dtype = results["settings"].get("dtype", "fp32")
-    head = (f"{'method':<14}{'W':>4}{'B':>5}{'bonus':>6}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'e2e tok/s':>10}"
+    head = (f"{'method':<14}{'W':>4}{'B':>5}{'bonus':>6}{'retr':>6}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'e2e tok/s':>10}"
             f"{'e2e x':>7}{'prefill x':>10}{'same':>6}  draft/tree/verify/commit")
     lines = [f"dtype {dtype}; 'same' = runs whose tokens equal ar's in this run"
              + ("" if dtype == "fp32" else f" (not guaranteed in {dtype}: rounding flips near-ties; fp32 is exact)"),
@@ -212,19 +240,42 @@ def format_table(results: dict) -> str:
     for r in results["rows"]:
         share = "/".join(f"{100 * r['stage_share'][k]:.0f}" for k in STAGE_KEYS)
         bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
-        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{bonus:>6}{r['tau']:>7.2f}"
+        retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
+        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{bonus:>6}{retr:>6}{r['tau']:>7.2f}"
                      f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}{r['e2e_tokens_per_second']:>10.2f}"
                      f"{r['e2e_speedup_vs_ar']:>7.2f}{r['prefill_vs_ar']:>10.2f}"
                      f"{r['identical_to_ar']:>3}/{r['n_prompts']:<2}  {share}")
+    lines += source_table(results["rows"])
     by_method = [(r, r["by_source"]) for r in results["rows"] if r.get("by_source") and r["method"] != "ar"]
     if by_method:
         sources = list(by_method[0][1])
         lines += ["", "tau by prompt source (speedup):", f"{'':<23}" + "".join(f"{s[:24]:>26}" for s in sources)]
         for r, per in by_method:
-            label = f"{r['method']} {r['width'] or ''} {r['budget'] or ''}".strip()
+            label = row_label(r)
             lines.append(f"{label:<23}" + "".join(f"{per[s]['tau']:>19.2f} ({per[s]['speedup_vs_ar']:.2f})"
                                                   for s in sources))
     return "\n".join(lines)
+
+
+def row_label(r: dict) -> str:
+    """method W B [retrieval], as the per-source tables name a row."""
+    retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
+    return " ".join(str(x) for x in (r["method"], r.get("width") or "", r.get("budget") or "", retr) if x != "")
+
+
+def source_table(rows: list[dict]) -> list[str]:
+    """Lines: per row, the nodes each node source proposed / verified / accepted (rows with retrieval)."""
+    shown = [r for r in rows if r.get("retrieval") not in (None, "none") and r.get("sources")]
+    if not shown:
+        return []
+    names = ("draft", "ngram", "table")
+    lines = ["", "nodes per node source, proposed / verified / accepted:",
+             f"{'':<23}" + "".join(f"{n:>22}" for n in names)]
+    for r in shown:
+        cells = [r["sources"].get(n, {"proposed": 0, "verified": 0, "accepted": 0}) for n in names]
+        lines.append(f"{row_label(r):<23}" + "".join(f"{c['proposed']:>10} /{c['verified']:>5} /{c['accepted']:>4}"
+                                                  for c in cells))
+    return lines
 
 
 @torch.inference_mode()

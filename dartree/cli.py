@@ -63,6 +63,10 @@ def _add_decode_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--depth-bonus", type=float, default=None,
                    help="dartree's top-B cut ranks nodes by path score + bonus x depth, in [-1, 0] "
                         "(default: this device's, see dartree/defaults.py)")
+    p.add_argument("--retrieval", default=None,
+                   help="retrieved branches in the tree before the top-B cut (dartree, dartree-fixed): "
+                        "none, ngram (context n-grams), table (online successor table) or both "
+                        "(default: dartree/defaults.py's RETRIEVAL_DEFAULT)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -150,6 +154,14 @@ def _budget_policy(models, path):
     return policy_for(models.target, models.drafter_name, path)
 
 
+def _check_retrieval(args) -> None:
+    """Refuse an unknown --retrieval before the models load."""
+    from .retrieval import RETRIEVAL_MODES
+
+    if getattr(args, "retrieval", None) is not None and args.retrieval not in RETRIEVAL_MODES:
+        raise UserError(f"unknown --retrieval {args.retrieval!r}: choose one of {', '.join(RETRIEVAL_MODES)}")
+
+
 def cmd_generate(args) -> int:
     from .budget import shape_for
     from .engine import DecodeSettings, generate
@@ -160,6 +172,7 @@ def cmd_generate(args) -> int:
         raise UserError("the prompt is empty: pass --prompt with some text")
     if args.method not in METHODS:
         raise UserError(f"unknown method {args.method!r}: choose one of {', '.join(METHODS)}")
+    _check_retrieval(args)
     prompts = [args.prompt] if args.prompt is not None else read_prompt_file(args.prompt_file, args.limit)
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
@@ -172,7 +185,8 @@ def cmd_generate(args) -> int:
                               auto_budget=True if args.budget == "auto" else (None if args.budget is None else False),
                               depth=args.depth, candidates=args.candidates,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                              max_new_tokens=args.max_new_tokens, depth_bonus=args.depth_bonus)
+                              max_new_tokens=args.max_new_tokens, depth_bonus=args.depth_bonus,
+                              retrieval=args.retrieval)
     policy = _budget_policy(models, None) if auto else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
@@ -219,7 +233,8 @@ def _grid(args, models):
     device_type = models.target.device.type
     base = DecodeSettings(depth=args.depth, candidates=args.candidates, temperature=args.temperature, top_p=args.top_p,
                           seed=args.seed, max_new_tokens=args.max_new_tokens,
-                          depth_bonus=getattr(args, "depth_bonus", None)).resolved(device_type)
+                          depth_bonus=getattr(args, "depth_bonus", None),
+                          retrieval=getattr(args, "retrieval", None)).resolved(device_type)
     for cfg in configs:
         cfg.settings(base).validated(models.drafter.max_depth if models.drafter else None, models.target.vocab_size,
                                      device_type, policy_given=cfg.auto)
@@ -255,6 +270,7 @@ def cmd_bench(args) -> int:
 
     if args.context_curve:
         return cmd_context_curve(args)
+    _check_retrieval(args)
     rows = read_prompt_rows(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
     prompts = [prompt for prompt, _ in rows]
     _set_threads(args.threads)
@@ -282,6 +298,7 @@ def cmd_sweep(args) -> int:
     from .prompts import DEV_PROMPTS, TRAIN_PROMPTS, read_prompt_file
     from .sweep import card_section, committed_costs, format_sweep, run_sweep, write_plot
 
+    _check_retrieval(args)
     prompts = read_prompt_file(args.prompt_file or DEV_PROMPTS, args.limit, args.spread)
     calibration_prompts = None
     if args.calibrate_out:

@@ -27,3 +27,13 @@ def default_shape(device_type: str) -> dict:
     The one source of defaults: `DecodeSettings` resolves its unset fields from it (dartree.engine), and
     the CLI and the app take it through `dartree.budget.shape_for` (which also checks the auto budget)."""
     return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
+
+# Retrieval branches (dartree.retrieval): off until measured on a quiet machine. RETRIEVAL_PRIORS are the prior
+# acceptance rates P(node accepted | parent accepted): n-grams by match length n = 1..4, the successor table by
+# column at depth 1 and one rate for its chains below; each is worth PRIOR_WEIGHT observations of the online
+# counts. Picked from the rates observed (T = 0, dartree W = 4, B = 8, 128 new tokens) on 8 dev_long prompts
+# and confirmed on the 30 spread dev prompts: n-grams 0.25 / 0.6-0.7 / 0.7-0.9 / 0.9-0.98 by n, table columns
+# 0.56 / 0.13 / 0.09 / 0.04, table chains 0.6-1.0 (rates and τ: the #23 report).
+RETRIEVAL_DEFAULT = "none"
+RETRIEVAL_PRIORS = {"ngram": (0.2, 0.6, 0.75, 0.9), "table": (0.55, 0.08, 0.08, 0.08), "table_chain": 0.7}
+RETRIEVAL_PRIOR_WEIGHT = 4.0

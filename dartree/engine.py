@@ -22,14 +22,16 @@ import torch
 
 from . import METHODS, TREE_METHODS
 from .cache import compact_cache, new_cache
-from .defaults import AUTO_BUDGET_CAP, default_shape
+from .defaults import (AUTO_BUDGET_CAP, RETRIEVAL_DEFAULT, RETRIEVAL_PRIOR_WEIGHT, RETRIEVAL_PRIORS,
+                       default_shape)
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
 from .methods import METHODS as REGISTRY
 from .sampling import next_tokens
 from .trace import (STAGE_KEYS, CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord,
                     TreeRecord, VerifyRecord)
-from .tree import Tree
+from .retrieval import RETRIEVAL_MODES, Retriever, source_counts
+from .tree import Tree, prune_top_b
 from .verify import verify_tree, walk_tree
 
 MAX_WIDTH = 64
@@ -63,6 +65,9 @@ class DecodeSettings:
     auto_budget: bool | None = None
     # dartree's top-B cut ranks nodes by path score + depth_bonus * depth (<= 0; dartree.tree.cut_scores)
     depth_bonus: float | None = None
+    # retrieved branches (dartree.retrieval) for the methods that take them (dartree.methods: `retrieval`):
+    # none, ngram, table or both; None: dartree.defaults.RETRIEVAL_DEFAULT. Other methods resolve it to none.
+    retrieval: str | None = None
 
     def resolved(self, device_type: str = "cpu", policy_given: bool = False) -> "DecodeSettings":
         """Unset tree-shape fields filled with the device's measured defaults (dartree.defaults)."""
@@ -74,7 +79,11 @@ class DecodeSettings:
             auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
         budget = self.budget if self.budget is not None else (AUTO_BUDGET_CAP if auto else shape["budget"])
         unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus") if getattr(self, k) is None}
-        return replace(self, budget=budget, auto_budget=auto, **unset)
+        retrieval = RETRIEVAL_DEFAULT if self.retrieval is None else self.retrieval
+        if retrieval not in RETRIEVAL_MODES:
+            raise UserError(f"unknown retrieval {retrieval!r}: choose one of {', '.join(RETRIEVAL_MODES)}")
+        retrieval = retrieval if REGISTRY[self.method].retrieval else "none"
+        return replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, **unset)
 
     def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
                   policy_given: bool = False) -> "DecodeSettings":
@@ -153,18 +162,45 @@ def round_budget(settings: DecodeSettings, supertree: Tree, budget_policy=None) 
     return min(settings.budget, max(1, budget_policy.choose(supertree.scores[1:])))
 
 
+def finish_tree(settings: DecodeSettings, builder, budget_policy=None, retriever: Retriever | None = None):
+    """The round's cut: (supertree, tree, kept indices or None, budget).
+
+    Without retrieval, the builder's own `finish`. With it, the retrieved chains join the grown supertree
+    first (dartree.retrieval.merge) and the one top-B cut (`prune_top_b`, ranked by `cut_scores` with the
+    settings' depth bonus) picks the B nodes to verify from drafted and retrieved nodes alike; for
+    dartree-fixed, whose quota already spent B, this cut decides which nodes retrieval displaces.
+    """
+    if retriever is None:
+        budget = round_budget(settings, builder.tree(), budget_policy)
+        supertree, tree, kept = builder.finish(budget)
+        return supertree, tree, kept, budget
+    supertree = retriever.round_tree(builder.tree())
+    budget = round_budget(settings, supertree, budget_policy)
+    tree, kept = prune_top_b(supertree, budget, settings.depth_bonus)
+    return supertree, tree, kept, budget
+
+
+def make_retriever(settings: DecodeSettings, target, depth: int) -> Retriever | None:
+    """One generation's retrieval state, or None where the settings' retrieval is none (resolved settings)."""
+    if settings.retrieval in (None, "none"):
+        return None
+    return Retriever(settings.retrieval, target.vocab_size, depth, target.max_context, RETRIEVAL_PRIORS,
+                     RETRIEVAL_PRIOR_WEIGHT, target.device)
+
+
 def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=None) -> tuple[Tree, Tree]:
     """A whole round's tree at once, as the Decoder's depth and prune steps build it: (supertree, tree).
 
     Used where nobody watches the depths (the replay sweep); the Decoder runs the same builders step
-    by step so that the explorer can draw each depth.
+    by step so that the explorer can draw each depth. Without retrieval: retrieved configurations are
+    decoded, not replayed (dartree.replay).
     """
     device = block.draft.cand_tokens.device
     settings = settings.resolved(device.type, budget_policy is not None)  # a no-op on validated settings
     builder = make_builder(settings, block, corrector)
     with tree_threads(device):
         builder.run()
-    supertree, tree, _ = builder.finish(round_budget(settings, builder.tree(), budget_policy))
+    supertree, tree, _, _ = finish_tree(settings, builder, budget_policy)
     return supertree, tree
 
 
@@ -253,6 +289,7 @@ class Decoder:
         self.rounds: list[RoundRecord] = []
         self.prefill_seconds = 0.0
         self.next_stage = "prefill"
+        self.retriever = make_retriever(self.settings, target, self.settings.depth) if self.drafter is not None else None
         self._reset_round()
 
     # ------------------------------------------------------------------ helpers
@@ -261,6 +298,7 @@ class Decoder:
         self.builder = None
         self.supertree: Tree | None = None
         self.tree: Tree | None = None
+        self.kept: torch.Tensor | None = None
         self.verification = None
         self.walk = None
         self.round_seconds = {k: 0.0 for k in STAGE_KEYS}
@@ -307,6 +345,8 @@ class Decoder:
             self.prefix_len = len(self.prompt_ids)
             self.anchor = first[0]
             self._append([int(first[0])])
+            if self.retriever is not None:
+                self.retriever.start(self.prompt_ids, int(first[0]), out.logits[-1])
         self.prefill_seconds = t.seconds
         self.next_stage = "done" if self.finished else ("verify" if self.drafter is None else "draft")
         if self.drafter is None and not self.finished:
@@ -345,13 +385,17 @@ class Decoder:
 
     @torch.inference_mode()
     def prune(self) -> TreeRecord:
-        """The builder's finish: dartree's deferred top-B cut; the other builders already respect B."""
+        """The builder's finish: dartree's deferred top-B cut; the other builders already respect B. With
+        retrieval, its chains join the supertree first and one top-B cut picks from both (`finish_tree`)."""
         with self._timed("tree") as t:
-            budget = round_budget(self.settings, self.supertree, self.budget_policy)
-            self.supertree, self.tree, kept = self.builder.finish(budget)
+            with tree_threads(self.device):
+                self.supertree, self.tree, kept, budget = finish_tree(self.settings, self.builder, self.budget_policy,
+                                                                      self.retriever)
+        self.kept = kept
         self.next_stage = "verify"
         tree = self.tree
-        return TreeRecord(self.round, tree.tokens, tree.parents, tree.depths, tree.scores, kept, budget, t.seconds)
+        return TreeRecord(self.round, tree.tokens, tree.parents, tree.depths, tree.scores, kept, budget, t.seconds,
+                          sources=tree.sources, supertree=self.supertree if self.retriever is not None else None)
 
     @torch.inference_mode()
     def verify(self) -> VerifyRecord:
@@ -364,7 +408,8 @@ class Decoder:
         self.next_stage = "commit"
         w = self.walk
         return VerifyRecord(self.round, self.prefix_len, tree.tokens, tree.parents, tree.depths,
-                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, t.seconds)
+                            self.verification.visible, w.target_tokens, w.accepted, w.path, bonus, t.seconds,
+                            sources=tree.sources)
 
     @torch.inference_mode()
     def commit(self) -> CommitRecord:
@@ -373,6 +418,11 @@ class Decoder:
             proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
             committed = self._append(proposed)
             accepted = min(len(committed), len(proposed) - 1)
+            counts = source_counts(self.supertree, tree, self.walk.accepted, len(path) - 1) \
+                if self.supertree is not None else {}
+            if self.retriever is not None:
+                self.retriever.observe(self.kept, tree, self.walk.accepted, self.verification.logits)
+                self.retriever.extend(committed)
             if self.finished is None:
                 if self.context is not None:
                     feats = self.verification.features[path]
@@ -380,7 +430,7 @@ class Decoder:
                 self.prefix_len = compact_cache(self.cache, self.prefix_len, path)
                 self.anchor = self.walk.bonus
         record = CommitRecord(self.round, committed, accepted, self.prefix_len, self.finished, t.seconds)
-        self.rounds.append(RoundRecord(self.round, tree.num_nodes, len(committed), dict(self.round_seconds)))
+        self.rounds.append(RoundRecord(self.round, tree.num_nodes, len(committed), dict(self.round_seconds), counts))
         self.round += 1
         self._reset_round()
         if self.finished:

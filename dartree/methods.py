@@ -26,6 +26,7 @@ class Method:
     in_race: bool = True  # shown in the UI's Race tab
     whole_vocab_siblings: bool = False  # ranks up to B siblings per depth over the whole vocabulary, not C
     depth_caption: str = ""  # what one depth step kept, with {kept} and {width} filled in (the UI's narration)
+    retrieval: bool = False  # takes retrieved branches (dartree.retrieval) into its tree before a top-B cut
 
     def make_builder(self, settings, draft, corrector):
         """This method's builder for one round's draft (dartree's cut ranks with settings.depth_bonus)."""
@@ -45,10 +46,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            whole_vocab_siblings=True),
     Method("dartree-fixed", "DARTree fixed", "corrected depth-batched expansion, a per-depth quota summing to B",
            _depthwise(lambda s: fixed_quota_schedule(s.budget, s.depth)), knobs=("B",), in_race=False,
-           depth_caption="kept its quota of the {kept} best"),
+           depth_caption="kept its quota of the {kept} best", retrieval=True),
     Method("dartree", "DARTree", "the W-wide corrected supertree, then deferred pruning to the best B nodes",
            _depthwise(lambda s: width_schedule(s.width)), prunes=True, knobs=("W", "B"), auto_budget=True,
-           depth_caption="kept the global top {kept} (W = {width})"),
+           depth_caption="kept the global top {kept} (W = {width})", retrieval=True),
 )}
 
 

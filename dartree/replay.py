@@ -9,6 +9,10 @@ drafter block per position (shared by all configurations) give every configurati
 exactly as the decoder would run them, up to floating-point noise in the features. The builders
 are the engine's own (`build_round_tree`), so the replay cannot drift from what the engine does.
 
+Configurations with retrieval (dartree.retrieval) are decoded instead (`decoded_rounds`): the successor
+table reads the target's logits at every verified node, which a replay of the greedy path does not have.
+Their τ is as exact; only they cost a real decode each.
+
 What a replay does not measure is the target's verify time: that comes from the measured cost
 curve (dartree.bench.cost_curve), so replayed speeds are predictions, reported as such, and the
 benchmark proper (`run_bench`, interleaved real decoding) checks them on the best configurations.
@@ -126,6 +130,19 @@ def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_s
     return out
 
 
+@torch.inference_mode()
+def decoded_rounds(target, drafter, cont: Continuation, settings: DecodeSettings) -> ReplayRounds:
+    """One configuration's rounds by real decoding (T = 0), for configurations a replay cannot reproduce."""
+    result = generate(target, drafter, cont.prompt_ids,
+                      replace(settings, temperature=0.0, max_new_tokens=len(cont.output_ids)))
+    if target.dtype == torch.float32 and result.token_ids != cont.output_ids:  # fp32, T = 0: exactly plain's
+        raise RuntimeError(f"{settings.method} with retrieval {settings.retrieval!r} decoded other tokens than plain "
+                           "decoding: retrieval broke the lossless guarantee")
+    records = result.round_records
+    return ReplayRounds([r.committed for r in records], [r.tree_nodes for r in records],
+                        [r.seconds["tree"] for r in records])
+
+
 def greedy_outputs(models, prompts: list[str], max_new_tokens: int, progress=True) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy continuation) per prompt, decoded by plain AR with the engine."""
     from tqdm import tqdm
@@ -155,9 +172,10 @@ def interpolate_verify(costs: dict, n: int) -> float:
     return ts[-1] + (ts[-1] - ts[-2]) * (n - ns[-1]) / (ns[-1] - ns[-2])
 
 
-def config_key(method: str, width, budget) -> str:
-    """How a sweep row names its tree shape (`costs["tree_seconds"]` is keyed by it)."""
-    return f"{method}:W={width}:B={budget}"
+def config_key(method: str, width, budget, retrieval: str | None = None) -> str:
+    """How a sweep row names its tree shape (`costs["tree_seconds"]` is keyed by it; retrieval adds its merge)."""
+    key = f"{method}:W={width}:B={budget}"
+    return key if retrieval in (None, "none") else f"{key}:retrieval={retrieval}"
 
 
 def sweep(models, continuations: list[Continuation], configs, base: DecodeSettings, costs: dict,
@@ -179,23 +197,27 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
             rows.append({"method": "ar", "width": None, "budget": None, "tau": 1.0, "predicted_speedup": 1.0,
                          "predicted_tokens_per_second": 1.0 / t_ar, "mean_nodes": 1.0, "tree_ms": 0.0})
             continue
-        s = cfg.settings(base)
+        s = cfg.settings(base).resolved(target.device.type, budget_policy is not None)
         committed, seconds, nodes, tree_times = 0, 0.0, [], []
         for cont in continuations:
-            r = replay(target, drafter, cont, s, budget_policy=budget_policy)  # used only where s.auto_budget
+            if s.retrieval != "none":
+                r = decoded_rounds(target, drafter, cont, s)
+            else:
+                r = replay(target, drafter, cont, s, budget_policy=budget_policy)  # used only where s.auto_budget
             committed += sum(r.committed)
             tree_times += r.tree_seconds
             nodes += r.nodes
             bar.update(1)
         measured = statistics.median(tree_times) if tree_times else 0.0
         budget = "auto" if cfg.auto else cfg.budget
-        tree_s = costs.get("tree_seconds", {}).get(config_key(cfg.method, cfg.width, budget), measured)
+        tree_s = costs.get("tree_seconds", {}).get(config_key(cfg.method, cfg.width, budget, s.retrieval), measured)
         seconds = sum(predicted_round_seconds(n, costs) + tree_s for n in nodes)
         rounds = len(nodes)
         tau = committed / rounds if rounds else 0.0
         tps = committed / seconds if seconds else 0.0
         rows.append({"method": cfg.method, "width": cfg.width, "budget": budget,
-                     "depth_bonus": s.depth_bonus if METHODS[cfg.method].prunes else None, "tau": tau,
+                     "depth_bonus": s.depth_bonus if METHODS[cfg.method].prunes else None,
+                     "retrieval": s.retrieval, "tau": tau,
                      "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
                      "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
                      "rounds": rounds})

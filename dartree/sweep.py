@@ -37,7 +37,7 @@ def committed_costs(path) -> dict:
         costs = dict(results["cost_curve"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"--costs: {path} is not a sweep or bench results file with a cost curve ({exc})") from None
-    costs["tree_seconds"] = {config_key(r["method"], r["width"], r["budget"]): r["tree_ms"] / 1e3
+    costs["tree_seconds"] = {config_key(r["method"], r["width"], r["budget"], r.get("retrieval")): r["tree_ms"] / 1e3
                              for r in results.get("rows", []) if "tree_ms" in r}
     costs["source"] = str(path)
     return costs
@@ -86,7 +86,8 @@ def best_configs(rows: list[dict]) -> list[BenchConfig]:
             best[key] = r
     order = TREE_METHODS
     picked = sorted(best.values(), key=lambda r: (order.index(r["method"]), r["budget"] == "auto"))
-    return [BenchConfig("ar", None, None)] + [BenchConfig(r["method"], r["width"], r["budget"], r.get("depth_bonus"))
+    return [BenchConfig("ar", None, None)] + [BenchConfig(r["method"], r["width"], r["budget"], r.get("depth_bonus"),
+                                                          r.get("retrieval"))
                                               for r in picked]
 
 
@@ -111,13 +112,14 @@ def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: di
 
 
 def format_sweep(results: dict) -> str:
-    head = (f"{'method':<14}{'W':>4}{'B':>6}{'bonus':>6}{'tau':>7}{'nodes':>7}{'tree ms':>9}{'pred tok/s':>12}"
-            f"{'pred speedup':>14}")
+    head = (f"{'method':<14}{'W':>4}{'B':>6}{'bonus':>6}{'retr':>6}{'tau':>7}{'nodes':>7}{'tree ms':>9}"
+            f"{'pred tok/s':>12}{'pred speedup':>14}")
     source = results["cost_curve"].get("source")
     lines = ([f"speeds predicted from the cost curve in {source}"] if source else []) + [head, "-" * len(head)]
     for r in results["rows"]:
         bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
-        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>6}{bonus:>6}{r['tau']:>7.2f}"
+        retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
+        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>6}{bonus:>6}{retr:>6}{r['tau']:>7.2f}"
                      f"{r['mean_nodes']:>7.1f}"
                      f"{r['tree_ms']:>9.1f}{r['predicted_tokens_per_second']:>12.2f}{r['predicted_speedup']:>14.2f}")
     lines += ["", "tree build (s): B, W, batched, sequential heap, ratio"]

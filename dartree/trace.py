@@ -11,11 +11,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .retrieval import source_label
+
 
 def _host(x):
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().tolist()
     return x
+
+
+def source_names(sources, n: int) -> list[str]:
+    """Each node's source label (draft / ngram / table / both); all drafted when `sources` is None."""
+    return [source_label(b) for b in _host(sources)] if sources is not None else ["draft"] * n
 
 
 def _frame(columns: dict):
@@ -105,6 +112,8 @@ class TreeRecord:
     budget: int
     seconds: float
     stage: str = "prune"
+    sources: torch.Tensor | None = None  # [N] bit mask of who proposed each node (dartree.retrieval); None: drafted
+    supertree: object | None = None  # with retrieval: the merged supertree (a dartree.tree.Tree) the cut picked from
 
     @property
     def num_nodes(self) -> int:
@@ -114,7 +123,8 @@ class TreeRecord:
         n = int(self.tokens.shape[0])
         return _frame({"node": list(range(n)), "token": self.tokens, "parent": self.parents, "depth": self.depths,
                        "score": self.scores,
-                       "source_node": self.kept if self.kept is not None else list(range(n))})
+                       "source_node": self.kept if self.kept is not None else list(range(n)),
+                       "source": source_names(self.sources, n)})
 
     def to_dict(self):
         return {"stage": self.stage, "round": self.round, "budget": self.budget, "seconds": self.seconds,
@@ -137,11 +147,13 @@ class VerifyRecord:
     bonus: int
     seconds: float
     stage: str = "verify"
+    sources: torch.Tensor | None = None  # [N] bit mask of who proposed each node; None: drafted
 
     def to_frame(self):
         return _frame({"node": list(range(int(self.tokens.shape[0]))), "token": self.tokens, "parent": self.parents,
                        "depth": self.depths, "position": self.depths + self.prefix_len,
-                       "target_token": self.target_tokens, "accepted": self.accepted})
+                       "target_token": self.target_tokens, "accepted": self.accepted,
+                       "source": source_names(self.sources, int(self.tokens.shape[0]))})
 
     def to_dict(self):
         return {"stage": self.stage, "round": self.round, "prefix_len": self.prefix_len, "seconds": self.seconds,
@@ -178,9 +190,13 @@ class RoundRecord:
     tree_nodes: int
     committed: int  # tokens committed this round, the bonus token included
     seconds: dict = field(default_factory=dict)  # draft / tree / verify / commit
+    # per source (draft, ngram, table): nodes proposed, verified and accepted (dartree.retrieval.source_counts)
+    sources: dict = field(default_factory=dict)
 
     def to_dict(self):
-        return {"round": self.round, "tree_nodes": self.tree_nodes, "committed": self.committed, **self.seconds}
+        counts = {f"{src}_{k}": v for src, c in self.sources.items() for k, v in c.items()}
+        return {"round": self.round, "tree_nodes": self.tree_nodes, "committed": self.committed, **self.seconds,
+                **counts}
 
 
 def rounds_frame(rounds: list[RoundRecord]):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -38,6 +38,7 @@ class Tree:
     depths: torch.Tensor  # [N] long, 0 at the root
     scores: torch.Tensor  # [N] float, 0 at the root
     max_depth: int  # deepest depth the builder may have produced (host int: no sync to read it)
+    sources: torch.Tensor | None = None  # [N] long bit mask of who proposed each node (dartree.retrieval); None: the drafter
 
     @property
     def num_nodes(self) -> int:
@@ -50,7 +51,8 @@ class Tree:
         remap[keep] = torch.arange(keep.shape[0], device=keep.device)
         parents = self.parents[keep]
         new_parents = torch.where(parents >= 0, remap[parents.clamp(min=0)], parents)
-        return Tree(self.tokens[keep], new_parents, self.depths[keep], self.scores[keep], self.max_depth)
+        sources = self.sources[keep] if self.sources is not None else None
+        return Tree(self.tokens[keep], new_parents, self.depths[keep], self.scores[keep], self.max_depth, sources)
 
     @staticmethod
     def root_only(anchor: torch.Tensor) -> "Tree":

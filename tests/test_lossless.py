@@ -12,6 +12,7 @@ import torch
 
 from dartree import TREE_METHODS
 from dartree.engine import Decoder, DecodeSettings, generate
+from dartree.methods import METHODS as REGISTRY
 from dartree.tree import Tree
 
 pytestmark = pytest.mark.real
@@ -44,6 +45,24 @@ def test_every_method_equals_ar_with_a_random_drafter(real_models, references, m
         settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24)
         got = generate(real_models.target, real_models.drafter, ids, settings)
         assert got.token_ids == ref, prompt
+
+
+RETRIEVAL_METHODS = [m for m in TREE_METHODS if REGISTRY[m].retrieval]
+
+
+@pytest.mark.parametrize("retrieval", ("ngram", "table", "both"))
+@pytest.mark.parametrize("method", RETRIEVAL_METHODS)
+def test_every_retrieval_method_equals_ar(real_models, references, method, retrieval):
+    """Retrieved branches in the tree keep the output equal to plain decoding, and (with a random drafter,
+    whose own guesses are rarely right) retrieved nodes are really accepted: the walk crosses them."""
+    accepted = 0
+    for prompt, (ids, ref) in references.items():
+        settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24,
+                                  retrieval=retrieval)
+        got = generate(real_models.target, real_models.drafter, ids, settings)
+        assert got.token_ids == ref, prompt
+        accepted += sum(c["accepted"] for r in got.round_records for s, c in r.sources.items() if s != "draft")
+    assert accepted > 0
 
 
 def oracle_draft_block(real_draft_block, sequence: list[int]):

@@ -168,6 +168,24 @@ def test_parse_configs():
             parse_configs(bad)
 
 
+def test_retrieval_knob_and_setting():
+    """`retrieval=` in --configs; DecodeSettings resolves the default and refuses unknown modes; methods
+    that take no retrieval resolve it to none."""
+    from dartree.defaults import RETRIEVAL_DEFAULT
+
+    got = parse_configs("dartree:retrieval=ngram,dartree-fixed:B=16:retrieval=both,dartree")
+    assert got[1] == BenchConfig("dartree", None, None, None, "ngram") and got[1].label == "dartree retrieval=ngram"
+    assert got[2].settings(DecodeSettings()).retrieval == "both"
+    assert got[3].settings(DecodeSettings(retrieval="table")).retrieval == "table"  # no knob: the base's
+    assert DecodeSettings().resolved("cpu").retrieval == RETRIEVAL_DEFAULT
+    assert DecodeSettings(method="chain", retrieval="ngram").resolved("cpu").retrieval == "none"
+    with pytest.raises(UserError, match="unknown retrieval"):
+        DecodeSettings(retrieval="bigram").resolved("cpu")
+    for bad in ("dartree:retrieval=bigram", "dartree:retrieval="):
+        with pytest.raises(UserError):
+            parse_configs(bad)
+
+
 def test_spread_prompts_sample_the_whole_file(tmp_path):
     from dartree.prompts import read_prompt_file
 

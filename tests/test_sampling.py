@@ -74,6 +74,11 @@ def test_first_tokens_follow_the_target_distribution(models, method):
     target, drafter = models
     settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
                               max_new_tokens=3)
+    assert_follows_target(target, drafter, settings)
+
+
+def assert_follows_target(target, drafter, settings):
+    """RUNS seeded generations' first three tokens against the exact joint at T = 0.8, top-p 0.9."""
     counts = sample_counts(target, drafter, settings, runs=RUNS)
     joint = exact_joint(target, 0.8, 0.9)
     # per-position marginals and the pairs (t1, t2), (t2, t3)
@@ -81,6 +86,19 @@ def test_first_tokens_follow_the_target_distribution(models, method):
     assert pooled_chisquare(counts.sum((0, 2)), joint.sum((0, 2))) > ALPHA
     assert pooled_chisquare(counts.sum(2).ravel(), joint.sum(2).ravel()) > ALPHA
     assert pooled_chisquare(counts.sum(0).ravel(), joint.sum(0).ravel()) > ALPHA
+
+
+# retrieved branches (dartree.retrieval): dartree with both sources in the inner loop, the rest in the full run
+RETRIEVAL_CASES = [("dartree", "both")] + [pytest.param(m, r, marks=pytest.mark.slow) for m, r in (
+    ("dartree", "ngram"), ("dartree", "table"), ("dartree-fixed", "both"))]
+
+
+@pytest.mark.parametrize("method,retrieval", RETRIEVAL_CASES)
+def test_first_tokens_follow_the_target_distribution_with_retrieval(models, method, retrieval):
+    target, drafter = models
+    settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
+                              max_new_tokens=3, retrieval=retrieval)
+    assert_follows_target(target, drafter, settings)
 
 
 def test_the_check_rejects_a_different_distribution(models):

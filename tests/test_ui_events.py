@@ -230,6 +230,28 @@ def test_figures_from_plain_values_only():
     assert pos[4][1] == pytest.approx(1 - 1.25 / 6) and pos[5][1] == pytest.approx(0.5)  # weights 2.5, 1, 2.5
 
 
+def test_retrieval_round_marks_retrieved_nodes_and_counts_them(canonical, plain):
+    """Retrieval on: the prune adds the retrieved chains to the supertree (own markers), the captions count
+    what each source proposed and how many were accepted, and the output stays plain decoding's."""
+    session = copy.deepcopy(canonical)
+    values = dict(SMALL, retrieval="both", max_new_tokens=40)
+    for _ in range(8):  # rounds until one has retrieved nodes of its own in its supertree
+        out = event(session, "round", **values)
+        retrieved = [n for n in session.round.alive if n.source != "draft"]
+        if retrieved or session.decoder.next_stage == "done":
+            break
+    assert retrieved, "no round proposed a retrieved node"
+    assert {"supertree_fig", "prune_fig", "verify_fig"} <= set(out)
+    title = out["prune_fig"].layout.title.text
+    assert "ngram proposed" in title and "table proposed" in title
+    symbols = list(out["supertree_fig"].data[-1].marker.symbol)
+    assert sum(s != "circle" for s in symbols) == len(retrieved)
+    assert "ngram:" in out["verify_fig"].layout.title.text and "accepted" in out["verify_fig"].layout.title.text
+    out = event(session, "end", **values)
+    assert out["summary"]["output_ids"][:len(plain)] == plain and out["summary"]["settings"]["retrieval"] == "both"
+    assert Controls.of(**values).settings().retrieval == "both"
+
+
 def test_auto_budget_round_is_lossless_and_explains_its_choice(canonical, plain):
     """The checkbox runs dartree with the shipped calibration: B varies per round, capped by the slider."""
     session = copy.deepcopy(canonical)

@@ -7,7 +7,9 @@ step, so figures stay torch-free and cheap to rebuild.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from ..trace import source_names
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,7 @@ class NodeView:
     rank: int | None = None
     order: float = 0  # sorts siblings: rank at its depth (or minus the path score)
     survived: bool = True  # False: cut by the global top-W at its depth
+    source: str = "draft"  # who proposed it: draft, ngram, table or both (dartree.retrieval)
 
 
 def _list(x):
@@ -101,9 +104,33 @@ def root_node(anchor: int, texts: TokenTexts) -> NodeView:
 
 def tree_view(rec, texts: TokenTexts) -> dict:
     tokens = _list(rec.tokens)
+    merged = getattr(rec, "supertree", None)
     return {"stage": rec.stage, "tokens": tokens, "texts": texts.many(tokens), "parents": _list(rec.parents),
             "depths": _list(rec.depths), "scores": _list(rec.scores),
-            "kept": _list(rec.kept) if rec.kept is not None else None, "budget": rec.budget, "seconds": rec.seconds}
+            "sources": source_names(getattr(rec, "sources", None), len(tokens)),
+            "kept": _list(rec.kept) if rec.kept is not None else None, "budget": rec.budget, "seconds": rec.seconds,
+            "supertree": None if merged is None else {
+                "tokens": _list(merged.tokens), "parents": _list(merged.parents), "depths": _list(merged.depths),
+                "scores": _list(merged.scores), "sources": source_names(merged.sources, int(merged.tokens.shape[0])),
+                "bits": _list(merged.sources)}}
+
+
+def with_retrieved(nodes: list[NodeView], merged: dict, texts: TokenTexts) -> list[NodeView]:
+    """The supertree's nodes once retrieval merged its chains in (`merged`: tree_view's "supertree"): drafted
+    nodes get their source (both, where a retrieved chain ran through them), retrieved nodes are appended
+    with their merged index as id; cut candidates stay as they were."""
+    sources, n = merged["sources"], len(merged["tokens"])
+    out = [replace(v, source=sources[v.id]) if v.survived and isinstance(v.id, int) and v.id < n else v for v in nodes]
+    known = {v.id for v in nodes if v.survived}
+    for i in range(n):
+        if i in known:
+            continue
+        p = merged["parents"][i]
+        step = math.exp(merged["scores"][i] - merged["scores"][p]) if p >= 0 else None
+        out.append(NodeView(id=i, parent=p, depth=merged["depths"][i], token=merged["tokens"][i],
+                            text=texts(merged["tokens"][i]), score=merged["scores"][i], corrected=step,
+                            order=1000 + i, source=sources[i]))
+    return out
 
 
 def nodes_from_tree(tree: dict) -> list[NodeView]:
@@ -132,6 +159,8 @@ def verify_view(rec, texts: TokenTexts, scores: list[float]) -> dict:
     return {"round": rec.round, "prefix_len": rec.prefix_len, "tokens": tokens, "texts": texts.many(tokens),
             "parents": parents, "depths": _list(rec.depths), "scores": scores, "target_tokens": target_tokens,
             "target_texts": texts.many(target_tokens), "matched": matched, "accepted": _list(rec.accepted),
+            "sources": source_names(getattr(rec, "sources", None), len(tokens)),
+            "bits": _list(rec.sources) if getattr(rec, "sources", None) is not None else None,
             "path": path, "bonus": rec.bonus, "bonus_text": texts(rec.bonus), "mask": _list(rec.visible),
             "seconds": rec.seconds}
 

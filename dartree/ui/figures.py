@@ -26,6 +26,9 @@ CUT = "#c9c9c9"
 BONUS = "#f28e2b"
 SCORE_SCALE = "Viridis"
 MARGIN = dict(l=40, r=20, t=56, b=36)
+# a node's marker by who proposed it (dartree.retrieval): retrieved nodes stand out in every tree panel
+SOURCE_SYMBOLS = {"draft": "circle", "ngram": "diamond", "table": "square", "both": "star-diamond"}
+PRUNED_SYMBOLS = {"draft": "x", "ngram": "diamond-open", "table": "square-open", "both": "star-diamond-open"}
 
 
 def show_token(text: str, limit: int = 10) -> str:
@@ -109,6 +112,8 @@ def _node_hover(n: NodeView) -> str:
     if n.corrected is not None:
         parts.append(f"corrected p: {n.corrected:.4f}")
     parts.append(f"path score: {n.score:.3f}  (p = {math.exp(n.score):.3g})")
+    if n.source != "draft":
+        parts.append(f"proposed by: {n.source} (retrieved)" if n.source != "both" else "proposed by two sources")
     if not n.survived:
         parts.append("<i>cut by the global top-W at this depth</i>")
     return "<br>".join(parts)
@@ -173,6 +178,7 @@ def supertree_figure(tree: dict | None) -> go.Figure:
         text=[show_token(n.text) for n in alive], textposition="middle right", textfont=dict(size=10),
         marker=dict(color=scores, colorscale=SCORE_SCALE, cmin=min(lo, -1e-3), cmax=0.0,
                     size=[_size(n.corrected) if n.depth else 18 for n in alive],
+                    symbol=[SOURCE_SYMBOLS[n.source] for n in alive],
                     line=dict(color="#333", width=0.6),
                     colorbar=dict(title=dict(text="path<br>log-score", side="right"), thickness=12)),
         hovertext=[_node_hover(n) for n in alive], hoverinfo="text"))
@@ -198,7 +204,7 @@ def prune_figure(tree: dict | None, prune: dict | None) -> go.Figure:
     if gone:
         fig.add_trace(go.Scatter(
             x=[pos[n.id][0] for n in gone], y=[pos[n.id][1] for n in gone], mode="markers",
-            marker=dict(symbol="x", color="#d62728", size=8, opacity=0.45),
+            marker=dict(symbol=[PRUNED_SYMBOLS[n.source] for n in gone], color="#d62728", size=8, opacity=0.45),
             hovertext=[_node_hover(n) + "<br><i>pruned: not among the best B</i>" for n in gone], hoverinfo="text"))
     keep_nodes = [n for n in nodes if n.id in kept]
     scores = [n.score for n in keep_nodes]
@@ -207,7 +213,7 @@ def prune_figure(tree: dict | None, prune: dict | None) -> go.Figure:
         x=[pos[n.id][0] for n in keep_nodes], y=[pos[n.id][1] for n in keep_nodes], mode="markers+text",
         text=[show_token(n.text) for n in keep_nodes], textposition="middle right", textfont=dict(size=10),
         marker=dict(color=scores, colorscale=SCORE_SCALE, cmin=min(lo, -1e-3), cmax=0.0, size=13,
-                    line=dict(color="#333", width=0.6)),
+                    symbol=[SOURCE_SYMBOLS[n.source] for n in keep_nodes], line=dict(color="#333", width=0.6)),
         hovertext=[_node_hover(n) for n in keep_nodes], hoverinfo="text"))
     _depth_axes(fig, tree["max_depth"])
     return fig
@@ -303,13 +309,15 @@ def verify_figure(verify: dict | None, max_depth: int) -> go.Figure:
             lines.append(f"target wanted here: <b>{_esc(want)}</b> → {'match' if verify['matched'][i] else 'no match'}")
         lines.append(f"target's next token after it: <b>{_esc(verify['target_texts'][i])}</b>")
         lines.append("on the accepted path" if i in accepted else "not accepted")
+        if verify["sources"][i] != "draft":
+            lines.append(f"proposed by: {verify['sources'][i]}")
         hover.append("<br>".join(lines))
     colours = [ACCEPT if i in accepted else ("#9fd3a8" if verify["matched"][i] else REJECT) for i in range(n)]
     fig.add_trace(go.Scatter(
         x=[pos[i][0] for i in range(n)], y=[pos[i][1] for i in range(n)], mode="markers+text",
         text=[show_token(t) for t in verify["texts"]], textposition="middle right", textfont=dict(size=10),
         marker=dict(color=colours, size=[16 if i in accepted else 10 for i in range(n)],
-                    line=dict(color="#333", width=0.6)),
+                    symbol=[SOURCE_SYMBOLS[s] for s in verify["sources"]], line=dict(color="#333", width=0.6)),
         hovertext=hover, hoverinfo="text"))
     fig.add_trace(go.Scatter(x=[bx], y=[by], mode="markers+text", text=[f"bonus {show_token(verify['bonus_text'])}"],
                              textposition="bottom center", textfont=dict(size=11, color=BONUS),

@@ -17,6 +17,7 @@ from ..engine import MIN_DEPTH_BONUS
 from ..methods import METHODS
 from ..errors import UserError
 from ..models.loading import load_models
+from ..retrieval import RETRIEVAL_MODES
 from . import figures
 from .compare import RACE_NOTE, race, sweep, sweep_outputs
 from .panels import OUTPUTS, full_render
@@ -134,6 +135,11 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                             MIN_DEPTH_BONUS, 0.0, value=c0.depth_bonus, step=0.05, label="Depth bonus",
                             info="The top-B cut ranks nodes by path score + bonus × depth: below 0 favours "
                                  "shallow nodes", elem_id="depth-bonus")
+                        controls["retrieval"] = gr.Radio(
+                            list(RETRIEVAL_MODES), value=c0.retrieval, label="Retrieval branches",
+                            info="dartree / dartree-fixed: chains looked up in the context (n-grams) or in the "
+                                 "target's own recent successors (table) join the tree before the top-B cut",
+                            elem_id="retrieval")
                     buttons = {}
                     with gr.Row():
                         for label, action in STAGE_BUTTONS[:3]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import singledispatch
 
 from ..methods import METHODS
+from ..retrieval import RETRIEVED, SOURCE_BITS
 from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
 
 
@@ -83,15 +84,28 @@ def _commit(rec: CommitRecord, session) -> str:
 
 
 # ---------------------------------------------------------------------------------------- captions
+# the tree panels' markers (dartree.ui.figures.SOURCE_SYMBOLS) in words
+SOURCE_LEGEND = "● drafted · ◆ context n-gram · ■ successor table · ✦ proposed by two sources"
+
 def _ranking(bonus: float) -> str:
     return "path score" if bonus == 0 else f"path score {bonus:+.2f} × depth (the depth bonus)"
 
 
-def supertree_caption(settings, alive: int, built: int) -> str:
+def supertree_caption(settings, alive: int, built: int, prune: dict | None = None) -> str:
     if settings.method == "ddtree":
         return f"DDTree heap: {alive} nodes by marginal path score (no correction, no per-depth cut)"
-    return (f"{settings.method}, W = {settings.width}: {alive} nodes over {built} of {settings.depth} depths; "
-            "faded = cut candidates (up to 3 per parent shown)")
+    caption = (f"{settings.method}, W = {settings.width}: {alive} nodes over {built} of {settings.depth} depths; "
+               "faded = cut candidates (up to 3 per parent shown)")
+    if settings.retrieval != "none":
+        caption += ("; retrieved nodes join at Prune" if not prune or not prune.get("retrieved")
+                    else f"; with {retrieved_caption(prune['retrieved'])}")
+    return caption
+
+
+def retrieved_caption(retrieved: dict) -> str:
+    """How many supertree nodes each retrieval source proposed and how many the cut kept."""
+    parts = [f"{src} proposed {c['proposed']} (kept {c['kept']})" for src, c in retrieved.items()]
+    return "; ".join(parts) + f" — {SOURCE_LEGEND}"
 
 
 def prune_caption(prune: dict, method: str) -> str:
@@ -100,8 +114,9 @@ def prune_caption(prune: dict, method: str) -> str:
         return f"{method} grows within its budget: all {total} nodes kept, nothing pruned"
     if total <= budget:
         return f"the supertree has {total} ≤ B = {budget} nodes: all kept"
-    return (f"kept the best {budget} of {total} supertree nodes; the lowest kept {_ranking(prune['bonus'])} is "
-            f"{prune['lowest']:.2f}")
+    caption = (f"kept the best {budget} of {total} supertree nodes; the lowest kept {_ranking(prune['bonus'])} is "
+               f"{prune['lowest']:.2f}")
+    return caption + (f"; {retrieved_caption(prune['retrieved'])}" if prune.get("retrieved") else "")
 
 
 def rank_axis(bonus: float) -> str:
@@ -126,8 +141,16 @@ NO_CORRECTION = ("DDTree ranks by the drafter's marginals alone: there is no cor
 def verify_caption(verify: dict) -> str:
     accepted = [verify["texts"][i] for i in verify["path"][1:]]
     words = " ".join(f"“{t}”" for t in accepted)
-    return (f"accepted {len(accepted)} draft token(s){' ' + words if words else ''} + bonus “{verify['bonus_text']}” "
-            f"→ {len(accepted) + 1} token(s) this round from one target pass over {len(verify['tokens'])} nodes")
+    caption = (f"accepted {len(accepted)} draft token(s){' ' + words if words else ''} + bonus “{verify['bonus_text']}” "
+               f"→ {len(accepted) + 1} token(s) this round from one target pass over {len(verify['tokens'])} nodes")
+    if verify.get("bits") is None:
+        return caption
+    counts = []
+    for src in RETRIEVED:
+        bit = SOURCE_BITS[src]
+        mine = [i for i, b in enumerate(verify["bits"]) if i and b & bit]
+        counts.append(f"{src}: {sum(i in verify['path'] for i in mine)} of {len(mine)} accepted")
+    return caption + " · retrieved nodes verified, " + ", ".join(counts) + f" — {SOURCE_LEGEND}"
 
 
 def speed_caption(speed: dict) -> str:

@@ -96,6 +96,7 @@ def speed_md(session):
 
 
 OUTPUTS = ("status", "summary") + tuple(PANELS)
+RETRIEVED_JOIN = frozenset({"supertree_fig"})  # a prune with retrieval also redraws the supertree: its chains join there
 ROUND_PANELS = frozenset(("draft_fig", "supertree_fig", "correction_fig", "prune_fig", "rank_fig", "mask_fig",
                           "verify_fig"))
 SPEED = frozenset(("speed_fig", "speed_md"))
@@ -115,7 +116,7 @@ def _supertree(session) -> dict | None:
         return None
     built = len(r.depths) if r.tree is None else s.depth
     return {"nodes": r.nodes, "max_depth": s.depth,
-            "caption": narrate.supertree_caption(s, len(r.alive) - 1, built)}
+            "caption": narrate.supertree_caption(s, len(r.alive) - 1, built, r.prune)}
 
 
 def _prune(session) -> dict | None:

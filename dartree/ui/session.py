@@ -24,15 +24,17 @@ from pathlib import Path
 import pandas as pd
 
 from ..budget import policy_for, shape_for
-from ..defaults import CPU_DEFAULTS
+from ..defaults import CPU_DEFAULTS, RETRIEVAL_DEFAULT
 from .. import timing
 from ..engine import Decoder, DecodeSettings
 from ..errors import UserError
 from ..methods import METHODS
+from ..retrieval import RETRIEVED, SOURCE_BITS
 from ..trace import CommitRecord, DepthRecord, DraftRecord, PrefillRecord, TreeRecord, VerifyRecord
 from . import panels
 from .panels import MIN_RATIO_TOKENS
-from .adapter import NodeView, TokenTexts, depth_view, draft_view, nodes_from_tree, root_node, tree_view, verify_view
+from .adapter import (NodeView, TokenTexts, depth_view, draft_view, nodes_from_tree, root_node, tree_view,
+                      verify_view, with_retrieved)
 from .narrate import narrate
 
 # One prompt of each kind the dev sets measure (chat, code, math, a long document), copied with its file and row
@@ -66,6 +68,7 @@ class Controls:
     max_new_tokens: int = 32
     auto_budget: bool = False  # dartree: per-round B by expected tokens/s (on where calibrated: default_controls)
     depth_bonus: float = CPU_DEFAULTS.get("depth_bonus", 0.0)  # the top-B cut ranks by score + bonus * depth
+    retrieval: str = RETRIEVAL_DEFAULT  # retrieved branches before the cut: none, ngram, table, both
 
     @classmethod
     def of(cls, **named) -> "Controls":
@@ -81,6 +84,7 @@ class Controls:
         return DecodeSettings(method=self.method, width=self.width, budget=self.budget, depth=self.depth,
                               candidates=self.candidates, temperature=self.temperature, seed=self.seed,
                               max_new_tokens=self.max_new_tokens, depth_bonus=self.depth_bonus,
+                              retrieval=self.retrieval,
                               auto_budget=self.auto_budget and self.method in METHODS and METHODS[self.method].auto_budget)
 
 
@@ -236,13 +240,24 @@ def _tree(rec: TreeRecord, session: Session) -> None:
         r.tree, r.nodes = tv, nodes_from_tree(tv)
         return
     bonus = session.decoder.settings.depth_bonus
+    if tv["supertree"] is not None:  # retrieval merged its chains into the supertree before the cut
+        r.nodes = with_retrieved(r.nodes, tv["supertree"], session.texts)
     alive = r.alive
     kept = tv["kept"] if tv["kept"] is not None else [n.id for n in alive]
     inside = set(kept)
     ranked = sorted(((n.score + bonus * n.depth, n.id in inside) for n in alive[1:]), key=lambda kv: -kv[0])
     r.prune = {"kept": kept, "ranked": ranked, "budget": rec.budget, "total": len(alive) - 1, "bonus": bonus,
-               "deferred": tv["kept"] is not None, "lowest": min((k for k, keep in ranked if keep), default=None)}
+               "deferred": tv["kept"] is not None, "lowest": min((k for k, keep in ranked if keep), default=None),
+               "retrieved": retrieved_counts(tv["supertree"]["bits"], inside) if tv["supertree"] is not None else None}
     r.pruned = dict(tv, prefix_len=session.decoder.prefix_len)
+
+
+def retrieved_counts(bits: list[int], kept: set) -> dict:
+    """Per retrieval source: merged supertree nodes it proposed (`bits`: each node's source bit mask) and how
+    many of them the cut kept; a node two sources proposed counts for each."""
+    return {src: {"proposed": sum(bool(b & SOURCE_BITS[src]) for b in bits[1:]),
+                  "kept": sum(bool(b & SOURCE_BITS[src]) and i in kept for i, b in enumerate(bits) if i)}
+            for src in RETRIEVED}
 
 
 @absorb.register
@@ -269,7 +284,10 @@ def step(session: Session) -> tuple[str, frozenset]:
         session.plain_step()  # the round's time in plain steps needs t_AR (measured once per prompt)
     if not isinstance(rec, PrefillRecord):
         session.round.records.append(rec)
-    return narrate(rec, session), panels.CHANGES[rec.stage]
+    changed = panels.CHANGES[rec.stage]
+    if isinstance(rec, TreeRecord) and rec.supertree is not None:
+        changed = changed | panels.RETRIEVED_JOIN
+    return narrate(rec, session), changed
 
 
 # ---------------------------------------------------------------------------------------- events
