@@ -1,5 +1,7 @@
 """The speed panel's machine reference: the committed bench row for the shape on show (dartree.ui.reference)."""
 
+from dataclasses import replace
+
 from dartree.engine import DecodeSettings
 from dartree.ui.reference import bench_reference, bench_results
 
@@ -15,7 +17,7 @@ def row(method, width, budget, bonus, speedup):
 
 
 def test_the_newest_row_of_the_same_shape_and_device_wins():
-    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2).resolved("cpu")
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none").resolved("cpu")
     old = result("2026-11-01", "cpu", [row("dartree", 4, 8, -0.2, 1.1)])
     new = result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.5), row("dartree", 4, 8, 0.0, 1.7)])
     gpu = result("2026-12-24", "cuda:0", [row("dartree", 4, 8, -0.2, 3.0)])
@@ -26,12 +28,25 @@ def test_the_newest_row_of_the_same_shape_and_device_wins():
     assert bench_reference(s, "cuda", (old, new, gpu))["speedup"] == 3.0
     # a row from before the depth bonus existed (None) ran without one
     legacy = result("2026-10-01", "cpu", [row("dartree", 4, 8, None, 1.3)])
-    assert bench_reference(DecodeSettings(depth_bonus=0.0).resolved("cpu"), "cpu", (legacy,))["speedup"] == 1.3
+    assert bench_reference(DecodeSettings(depth_bonus=0.0, retrieval="none").resolved("cpu"), "cpu",
+                           (legacy,))["speedup"] == 1.3
     assert bench_reference(s, "cpu", (legacy,)) is None
     # ddtree has no W and no depth bonus: they do not have to match
     dd = result("2026-12-01", "cpu", [row("ddtree", None, 8, None, 1.4)])
     assert bench_reference(DecodeSettings(method="ddtree", budget=8).resolved("cpu"), "cpu", (dd,))["speedup"] == 1.4
     assert bench_reference(DecodeSettings(method="ar").resolved("cpu"), "cpu", (dd,)) is None
+
+
+def test_retrieval_mode_and_weight_path_must_match():
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="ngram").resolved("cpu")
+    plain = result("2026-12-05", "cpu", [row("dartree", 4, 8, -0.2, 1.6)])  # no retrieval field: none
+    ngram = result("2026-12-04", "cpu", [dict(row("dartree", 4, 8, -0.2, 2.2), retrieval="ngram")])
+    blocks = dict(result("2026-12-03", "cpu", [dict(row("dartree", 4, 8, -0.2, 1.2), retrieval="ngram")]),
+                  weights="gguf")
+    assert bench_reference(s, "cpu", (plain, ngram, blocks))["speedup"] == 2.2  # the newest match, any path
+    assert bench_reference(s, "cpu", (plain, ngram, blocks), weights="fp32")["speedup"] == 2.2
+    assert bench_reference(s, "cpu", (plain, ngram, blocks), weights="gguf")["speedup"] == 1.2
+    assert bench_reference(replace(s, retrieval="none"), "cpu", (ngram, blocks)) is None
 
 
 def test_the_committed_benchmarks_hold_a_reference_for_the_cpu_default():

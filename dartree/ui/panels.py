@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 from . import figures, narrate
 from .adapter import text_segments
-from .reference import bench_reference
+from .reference import bench_reference, weights_kind
 
 MIN_RATIO_TOKENS = 16  # the fewest decoded tokens a speed ratio is shown for (see `session.Session.whole_runs`)
 
@@ -125,6 +125,13 @@ def _prune(session) -> dict | None:
                           axis=narrate.rank_axis(prune["bonus"]))
 
 
+def _weights(decoder) -> str | None:
+    """The CPU weight path the target runs (the reference must be measured on the same); None off CPU."""
+    if decoder.device.type != "cpu":
+        return None
+    return weights_kind(getattr(decoder.target, "linear_weights", ""))
+
+
 def _speed(session) -> dict | None:
     """The speed panel's numbers: per round (τ and its time in plain steps), the whole-run timing once made,
     and the machine's bench reference for the shape."""
@@ -135,7 +142,7 @@ def _speed(session) -> dict | None:
     rounds = [{"round": r.round, "tokens": r.committed, "seconds": sum(r.seconds.values()),
                "steps": sum(r.seconds.values()) / t_ar} for r in dec.rounds] if t_ar else []
     speed = {"method": dec.settings.method, "t_ar": t_ar, "rounds": rounds, "measured": session.measured(),
-             "reference": bench_reference(dec.settings, dec.device.type), "min_tokens": MIN_RATIO_TOKENS}
+             "reference": bench_reference(dec.settings, dec.device.type, weights=_weights(dec)), "min_tokens": MIN_RATIO_TOKENS}
     return dict(speed, caption=narrate.speed_caption(speed))
 
 

@@ -41,10 +41,20 @@ def bench_results(root: Path = BENCH_DIR) -> tuple[dict, ...]:
         rows = data.get("rows") if isinstance(data, dict) else None
         if not rows or "speedup_vs_ar" not in rows[0] or "machine" not in data:
             continue  # a sweep (predicted speeds) or another kind of file
+        if "--prompt-file" in data.get("command", ""):
+            continue  # measured on other prompts than the dev bench the reference stands for
         found.append({"file": str(path.relative_to(root.parents[1])), "rows": rows,
+                      "weights": weights_kind(data["machine"].get("cpu_linears", "")),
                       "date": data.get("date") or _file_date(path), "settings": data.get("settings", {}),
                       "device": str(data["machine"].get("device", "")), "command": data.get("command", "")})
     return tuple(found)
+
+
+def weights_kind(linears: str) -> str:
+    """`gguf` when a CPU linear-path description (bench JSON's cpu_linears, Target.linear_weights) names the
+    GGUF's blocks, else `fp32`: the two weight paths run plain decoding at different speeds, so a speedup
+    measured on one is not the reference for the other."""
+    return "gguf" if "GGUF" in (linears or "") else "fp32"
 
 
 def _matches(row: dict, settings) -> bool:
@@ -56,13 +66,16 @@ def _matches(row: dict, settings) -> bool:
     budget = "auto" if settings.auto_budget else settings.budget
     if "B" in method.knobs and row.get("budget") != budget:
         return False
+    if (row.get("retrieval") or "none") != (getattr(settings, "retrieval", None) or "none"):
+        return False  # rows from before retrieval existed ran without it
     if method.prunes:  # rows from before the depth bonus existed (None) ran without one
         return abs((row.get("depth_bonus") or 0.0) - settings.depth_bonus) < 1e-9
     return True
 
 
-def bench_reference(settings, device_type: str, results=None) -> dict | None:
-    """The best-matching bench row for these (resolved) settings on this kind of device, or None."""
+def bench_reference(settings, device_type: str, results=None, weights: str | None = None) -> dict | None:
+    """The best-matching bench row for these (resolved) settings on this kind of device (and CPU weight path,
+    `weights`: gguf or fp32, None: any), or None."""
     if settings.method == "ar":
         return None
     best = None
@@ -71,6 +84,8 @@ def bench_reference(settings, device_type: str, results=None) -> dict | None:
         if not res["device"].startswith(device_type) or float(s.get("temperature", 0.0)) != settings.temperature:
             continue
         if s.get("candidates") not in (None, settings.candidates):
+            continue
+        if weights is not None and res.get("weights", "fp32") != weights:
             continue
         for row in res["rows"]:
             if _matches(row, settings):
