@@ -5,14 +5,15 @@ position prefix_len + depth, exactly where it would sit if its path were decoded
 what makes one forward over the tree give, for each node, the logits of sequential decoding.
 
 `TREE_SDPA` is the target's attention: transformers' SDPA, except that on a CPU a masked pass over
-several tokens (a tree verify) calls SDPA with `enable_gqa=True`, so the kernel reads each key/value head
-for its group of query heads, instead of copying every key and value `num_key_value_groups` times
-(`repeat_kv`), which transformers does whenever a mask is given. That copy grows with the context: at
-2,048 tokens it was a fifth of a tree verify on SmolLM2 (docs/speed.md, "Costs that grow with the
-context"). The CPU kernel computes each head exactly as on the repeated tensors, so the result is the
-same bit for bit (tests/test_context_costs.py) and trees and plain decoding agree as before. Not done:
-packing a group's heads into one query block (faster still, 0.71 against 0.88 ms a layer at 2,048 tokens)
-changes the kernel's row blocks once a group holds more than 32 rows, and with them the last bits.
+several tokens (a tree verify) reads each key/value head once for its group of query heads, instead of
+copying every key and value `num_key_value_groups` times (`repeat_kv`), which transformers does whenever
+a mask is given. That copy grows with the context: at 2,048 tokens it was a fifth of a tree verify on
+SmolLM2 (docs/speed.md, "Costs that grow with the context"). A small tree (groups x nodes <= 32 rows, the
+CPU default's 9 nodes x 3 heads) packs the group's heads into one query block, as transformers packs one
+token's (0.71 against 0.88 ms a layer at 2,048 tokens); a larger one passes `enable_gqa=True`, since
+packing it would cross the kernel's 32-row query blocks and change the last bits. Either way the CPU
+kernel computes each row exactly as on the repeated tensors, so the result is the same bit for bit
+(tests/test_context_costs.py) and trees and plain decoding agree as before.
 Elsewhere (CUDA: its fused kernels take no mask with GQA) and for one token (transformers' own packed
 path) or the prefill (no mask: transformers' `enable_gqa` path) it is transformers' function unchanged.
 """
@@ -62,15 +63,33 @@ def position_ids(depths: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return (depths + prefix_len).unsqueeze(0)
 
 
+PACKED_ROWS = 32  # the CPU flash kernel's query block below 192 rows: one block per kv head up to this many
+
+
 def tree_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' attention-function signature: query [b, H, n, d], key/value [b, H_kv, L, d] -> [b, n, H, d]."""
+    """transformers' attention-function signature: query [b, H, n, d], key/value [b, H_kv, L, d] -> [b, n, H, d].
+
+    A tree pass on a CPU runs one of two ways, both bit-exact with transformers' repeated K/V:
+    - groups x n <= PACKED_ROWS: the `groups` query heads that share a kv head are packed into one query
+      block [b, H_kv, groups * n, d], under the mask tiled once per head, as transformers packs a single
+      token's heads (`pack_gqa`): each kv head is read once for the whole group;
+    - larger trees: `enable_gqa`, one query block per head (packing them would cross the kernel's 32-row
+      blocks and change the last bits).
+    """
     groups = getattr(module, "num_key_value_groups", 1)
     if (query.device.type != "cpu" or attention_mask is None or query.shape[2] == 1 or groups == 1 or dropout
             or kwargs.get("position_bias") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None
+    b, heads, n, d = query.shape
+    if groups * n > PACKED_ROWS or attention_mask.shape[1] != 1:  # too many rows, or a mask per head
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+    packed = query.reshape(b, heads // groups, groups * n, d)  # rows (head in group, node)
+    mask = attention_mask.expand(-1, -1, n, -1).repeat(1, 1, groups, 1)  # [b or 1, 1, groups * n, L]
+    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    return out.view(b, heads, n, d).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(TREE_SDPA, tree_sdpa_forward)

@@ -25,6 +25,7 @@ import torch
 
 from ..attention import use_tree_sdpa
 from ..errors import UserError
+from .llama import LlamaPass
 from .packed import unpacked
 
 EMBEDDED_NAME = "smollm2-135m"
@@ -197,6 +198,9 @@ class Target:
     linear_weights: str = "fp32 panels"
     # Else: the LRU of MKL-packed weights shared by this target and its drafter (models.packed); None: off.
     packed_weights: object = None
+    # The forward written out for Llama targets (models.llama), the same numbers as transformers' without
+    # its per-layer Python; None: transformers' forward (other architectures).
+    layers_pass: object = None
 
     @property
     def config(self):
@@ -282,23 +286,25 @@ class Target:
         `logit_rows` picks the rows that need logits (all by default): prefill needs only the last one,
         and computing 49k-wide logits for the whole prompt would dominate the pass.
         """
-        out = self.model.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            use_cache=True,
-            output_hidden_states=bool(feature_layers),
-        )
-        hidden = out.last_hidden_state[0]
+        if self.layers_pass is not None:
+            hidden, features = self.layers_pass.forward(input_ids, position_ids, cache, attention_mask, feature_layers)
+        else:
+            out = self.model.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=bool(feature_layers),
+            )
+            hidden = out.last_hidden_state[0]
+            features = None
+            if feature_layers:
+                # hidden_states[0] is the embedding output, so layer i's output is index i + 1.
+                features = torch.cat([out.hidden_states[i + 1][0] for i in feature_layers], dim=-1)
         if logit_rows is not None:
             hidden = hidden[logit_rows]
-        logits = self.lm_head(hidden)
-        features = None
-        if feature_layers:
-            # hidden_states[0] is the embedding output, so layer i's output is index i + 1.
-            features = torch.cat([out.hidden_states[i + 1][0] for i in feature_layers], dim=-1)
-        return TargetOutput(logits=logits, features=features)
+        return TargetOutput(logits=self.lm_head(hidden), features=features)
 
 
 def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | None = None,
@@ -324,4 +330,4 @@ def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | No
         elif source:
             eos.update(int(x) for x in source)
     return Target(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=torch_dtype,
-                  eos_token_ids=tuple(sorted(eos)))
+                  eos_token_ids=tuple(sorted(eos)), layers_pass=LlamaPass(model) if LlamaPass.supports(model) else None)
