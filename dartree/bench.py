@@ -133,6 +133,7 @@ def machine_info(target) -> dict:
     if device.type == "cpu":
         from .models.rows_kernel import describe_linear_path
         info["cpu_linears"] = describe_linear_path(target)  # which kernel, and fp32 panels or the GGUF's blocks
+        info["weights"] = getattr(target, "weights", "fp32")  # the same as a key: fp32 or gguf
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info

@@ -53,3 +53,20 @@ def test_the_committed_benchmarks_hold_a_reference_for_the_cpu_default():
     assert bench_results(), "no bench result under assets/benchmarks"
     ref = bench_reference(DecodeSettings().resolved("cpu"), "cpu")
     assert ref is not None and ref["n_prompts"] >= 10 and ref["file"].startswith("assets/benchmarks/")
+
+
+def test_a_bench_file_says_its_weight_path_and_older_files_are_read_from_their_description(tmp_path):
+    import json
+
+    root = tmp_path / "assets" / "benchmarks"
+    root.mkdir(parents=True)
+    rows = [dict(row("dartree", 4, 8, -0.2, 1.5), n_prompts=30, tau=2.0)]
+    machines = {"new-gguf": {"device": "cpu", "weights": "gguf", "cpu_linears": "CPU linears: the row kernel"},
+                "new-fp32": {"device": "cpu", "weights": "fp32", "cpu_linears": "the GGUF's blocks (ignored)"},
+                "old-gguf": {"device": "cpu", "cpu_linears": "the row kernel, the GGUF's Q4_1/Q8_0 blocks"},
+                "old-fp32": {"device": "cpu", "cpu_linears": "the row kernel, fp32 panels"}}
+    for name, machine in machines.items():
+        (root / f"{name}.json").write_text(json.dumps({"rows": rows, "machine": machine, "command": "bench"}))
+    found = {r["file"].split("/")[-1]: r["weights"] for r in bench_results(root)}
+    assert found == {"new-gguf.json": "gguf", "new-fp32.json": "fp32", "old-gguf.json": "gguf",
+                     "old-fp32.json": "fp32"}

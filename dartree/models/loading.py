@@ -103,6 +103,7 @@ def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: s
             # they rebuild the weights exactly), else MKL's packed GEMM
             blocks, tgt.linear_weights = target_block_panels(tgt)
             tgt.rows_kernel = use_rows_kernel(tgt.model, blocks=blocks)
+            tgt.weights = "gguf" if blocks and tgt.rows_kernel else "fp32"
             tgt.packed_weights = None if tgt.rows_kernel else use_packed_linears(tgt.model)
             if tgt.device.type == "cpu":  # stderr: the CLI's --json output stays clean
                 print(f"[dartree] {describe_linear_path(tgt)}", file=sys.stderr, flush=True)

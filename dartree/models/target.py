@@ -196,6 +196,9 @@ class Target:
     rows_kernel: bool = False
     # What the kernel streams for its linears, in words: fp32 panels, or the GGUF's blocks (models.gguf_panels).
     linear_weights: str = "fp32 panels"
+    # The same as a key: "gguf" where the kernel streams the GGUF's blocks, else "fp32" (bench JSONs record it,
+    # and a speed measured on one path is no reference for the other: dartree.ui.reference).
+    weights: str = "fp32"
     # Else: the LRU of MKL-packed weights shared by this target and its drafter (models.packed); None: off.
     packed_weights: object = None
     # The forward written out for Llama targets (models.llama), the same numbers as transformers' without

@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 from . import figures, narrate
 from .adapter import text_segments
-from .reference import bench_reference, weights_kind
+from .reference import bench_reference
 
 MIN_RATIO_TOKENS = 16  # the fewest decoded tokens a speed ratio is shown for (see `session.Session.whole_runs`)
 
@@ -129,7 +129,7 @@ def _weights(decoder) -> str | None:
     """The CPU weight path the target runs (the reference must be measured on the same); None off CPU."""
     if decoder.device.type != "cpu":
         return None
-    return weights_kind(getattr(decoder.target, "linear_weights", ""))
+    return getattr(decoder.target, "weights", "fp32")
 
 
 def _speed(session) -> dict | None:

@@ -44,17 +44,17 @@ def bench_results(root: Path = BENCH_DIR) -> tuple[dict, ...]:
         if "--prompt-file" in data.get("command", ""):
             continue  # measured on other prompts than the dev bench the reference stands for
         found.append({"file": str(path.relative_to(root.parents[1])), "rows": rows,
-                      "weights": weights_kind(data["machine"].get("cpu_linears", "")),
+                      "weights": data["machine"].get("weights") or _legacy_weights(data["machine"]),
                       "date": data.get("date") or _file_date(path), "settings": data.get("settings", {}),
                       "device": str(data["machine"].get("device", "")), "command": data.get("command", "")})
     return tuple(found)
 
 
-def weights_kind(linears: str) -> str:
-    """`gguf` when a CPU linear-path description (bench JSON's cpu_linears, Target.linear_weights) names the
-    GGUF's blocks, else `fp32`: the two weight paths run plain decoding at different speeds, so a speedup
-    measured on one is not the reference for the other."""
-    return "gguf" if "GGUF" in (linears or "") else "fp32"
+def _legacy_weights(machine: dict) -> str:
+    """The weight path of a bench JSON written before `machine.weights` existed (2026-12-05), read from its
+    linear-path description: the two paths run plain decoding at different speeds, so a speedup measured
+    on one is not the reference for the other."""
+    return "gguf" if "GGUF" in machine.get("cpu_linears", "") else "fp32"
 
 
 def _matches(row: dict, settings) -> bool:
