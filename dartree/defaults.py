@@ -43,6 +43,6 @@ def default_shape(device_type: str) -> dict:
 # counts. Picked from the rates observed (T = 0, dartree W = 4, B = 8, 128 new tokens) on 8 dev_long prompts
 # and confirmed on the 30 spread dev prompts: n-grams 0.25 / 0.6-0.7 / 0.7-0.9 / 0.9-0.98 by n, table columns
 # 0.56 / 0.13 / 0.09 / 0.04, table chains 0.6-1.0 (rates and τ: the #23 report).
-RETRIEVAL_DEFAULT = "none"
+RETRIEVAL_DEFAULT = "ngram"
 RETRIEVAL_PRIORS = {"ngram": (0.2, 0.6, 0.75, 0.9), "table": (0.55, 0.08, 0.08, 0.08), "table_chain": 0.7}
 RETRIEVAL_PRIOR_WEIGHT = 4.0
