@@ -70,6 +70,12 @@ def mode_sources(mode: str) -> tuple[str, ...]:
     return {"none": (), "ngram": ("ngram",), "table": ("table",), "both": RETRIEVED}[mode]
 
 
+def max_retrieved(mode: str, depth: int) -> int:
+    """The most nodes a round's retrieval can add to the supertree: every source's chains, D nodes each."""
+    chains = {"ngram": NGRAM_BRANCHES, "table": TABLE_WIDTH}
+    return sum(chains[s] for s in mode_sources(mode)) * depth
+
+
 @dataclass
 class Proposals:
     """Retrieved nodes as chains hanging off the root: R chains of up to D nodes ([R, D] each)."""
