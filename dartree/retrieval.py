@@ -37,9 +37,11 @@ context (at 2,048 tokens: 4 x 2,047 element comparisons, a cumulative product ov
 no per-position loop; a median 0.15 ms on this loaded 2-core CPU); the table walk is D gathers (0.1 ms);
 the merge is a sort per depth to give equal paths one id (`path_ids`) and a few scatters (0.7 ms for a
 W = 4 supertree plus both sources' chains, D = 7; a CPU round is ~60 ms). Retrieval runs once per round,
-between the last depth and the cut, and the merge reads one size back there (how many nodes are new, the
-merged tree's size): the one host sync it adds to a round. Nothing here knows about models: tensors in,
-nodes out.
+between the last depth and the cut, and reads nothing back to the host there: the merged tree has a static
+size (`merge_padded`: every proposal slot keeps its place, repeated paths and invalid slots become dead
+nodes the cut ranks last), which works whenever B is at most the drafted supertree's size; only a larger B
+or the auto budget compacts it to its live nodes (`compact`, one read). The committed tokens join the
+n-gram context from the device (`Retriever.extend`). Nothing here knows about models: tensors in, nodes out.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def main():
         print(f"row {row}: {len(result.round_records)} rounds, tau "
               f"{sum(r.committed for r in result.round_records) / max(1, len(result.round_records)):.2f}",
               flush=True)
-    depth = settings.depth
+    depth = dec.settings.depth  # the drafter's block depth (validated settings)
     ng_h, ng_s = hits["ngram"].reshape(MAX_NGRAM, depth).sum(1), seen["ngram"].reshape(MAX_NGRAM, depth).sum(1)
     tb_h, tb_s = hits["table"], seen["table"]
     groups = [("ngram n=%d" % (n + 1), ng_h[n], ng_s[n]) for n in range(MAX_NGRAM)]
