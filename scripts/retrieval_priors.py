@@ -83,7 +83,7 @@ def main():
     groups += [("table col %d" % c, tb_h[c], tb_s[c]) for c in range(TABLE_WIDTH)]
     groups += [("table chain", tb_h[TABLE_WIDTH:].sum(), tb_s[TABLE_WIDTH:].sum())]
     print(f"\n{len(rows)} train rows {rows}, dartree W={settings.width} B={settings.budget} retrieval=both, "
-          f"{args.max_new_tokens} tokens, T = 0: {rounds} rounds, tau {committed / rounds:.2f} (bonus excluded)")
+          f"{args.max_new_tokens} tokens, T = 0: {rounds} rounds, tau {committed / rounds:.2f} (committed per round)")
     print(f"{'slot group':<14}{'accepted':>10}{'seen':>8}{'rate':>8}")
     rate = {}
     for name, h, s in groups:
