@@ -423,7 +423,7 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
         settings = DecodeSettings(method="dartree", width=width, budget=b, depth=depth, candidates=candidates)
 
         def batched():  # the decoder's own round build (one-thread tree stage included)
-            _, tree = build_round_tree(settings, block, PathCorrector(drafter, target, block))
+            _, tree, _ = build_round_tree(settings, block, PathCorrector(drafter, target, block))
             return int(tree.tokens[-1])  # a host read, as the decoder's verify makes
 
         def sequential():  # under the same thread setting, so only the algorithm differs

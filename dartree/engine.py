@@ -174,7 +174,8 @@ def finish_tree(settings: DecodeSettings, builder, budget_policy=None, retriever
         budget = round_budget(settings, builder.tree(), budget_policy)
         supertree, tree, kept = builder.finish(budget)
         return supertree, tree, kept, budget
-    supertree = retriever.round_tree(builder.tree())
+    auto = budget_policy is not None and settings.auto_budget
+    supertree = retriever.round_tree(builder.tree(), None if auto else settings.budget)
     budget = round_budget(settings, supertree, budget_policy)
     tree, kept = prune_top_b(supertree, budget, settings.depth_bonus)
     return supertree, tree, kept, budget
@@ -188,20 +189,22 @@ def make_retriever(settings: DecodeSettings, target, depth: int) -> Retriever | 
                      RETRIEVAL_PRIOR_WEIGHT, target.device)
 
 
-def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=None) -> tuple[Tree, Tree]:
-    """A whole round's tree at once, as the Decoder's depth and prune steps build it: (supertree, tree).
+def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=None,
+                     retriever: Retriever | None = None) -> tuple[Tree, Tree, torch.Tensor | None]:
+    """A whole round's tree at once, as the Decoder's depth and prune steps build it: (supertree, tree,
+    kept indices or None).
 
     Used where nobody watches the depths (the replay sweep); the Decoder runs the same builders step
-    by step so that the explorer can draw each depth. Without retrieval: retrieved configurations are
-    decoded, not replayed (dartree.replay).
+    by step so that the explorer can draw each depth. `retriever`: the replay's own (dartree.replay),
+    None for a tree without retrieval.
     """
     device = block.draft.cand_tokens.device
     settings = settings.resolved(device.type, budget_policy is not None)  # a no-op on validated settings
     builder = make_builder(settings, block, corrector)
     with tree_threads(device):
         builder.run()
-    supertree, tree, _, _ = finish_tree(settings, builder, budget_policy)
-    return supertree, tree
+    supertree, tree, kept, _ = finish_tree(settings, builder, budget_policy, retriever)
+    return supertree, tree, kept
 
 
 @contextmanager
@@ -346,7 +349,7 @@ class Decoder:
             self.anchor = first[0]
             self._append([int(first[0])])
             if self.retriever is not None:
-                self.retriever.start(self.prompt_ids, int(first[0]), out.logits[-1])
+                self.retriever.start(self.prompt_ids, first[:1], out.logits[-1])
         self.prefill_seconds = t.seconds
         self.next_stage = "done" if self.finished else ("verify" if self.drafter is None else "draft")
         if self.drafter is None and not self.finished:
@@ -415,14 +418,15 @@ class Decoder:
     def commit(self) -> CommitRecord:
         path, tree = self.walk.path, self.tree
         with self._timed("commit") as t:
-            proposed = tree.tokens[path[1:]].tolist() + [int(self.walk.bonus)]
+            path_tokens = torch.cat([tree.tokens[path[1:]], self.walk.bonus.reshape(1)])  # accepted + bonus
+            proposed = path_tokens.tolist()
             committed = self._append(proposed)
             accepted = min(len(committed), len(proposed) - 1)
             counts = source_counts(self.supertree, tree, self.walk.accepted, len(path) - 1) \
                 if self.supertree is not None else {}
             if self.retriever is not None:
                 self.retriever.observe(self.kept, tree, self.walk.accepted, self.verification.logits)
-                self.retriever.extend(committed)
+                self.retriever.extend(path_tokens[:len(committed)])
             if self.finished is None:
                 if self.context is not None:
                     feats = self.verification.features[path]

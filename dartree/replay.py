@@ -9,9 +9,12 @@ drafter block per position (shared by all configurations) give every configurati
 exactly as the decoder would run them, up to floating-point noise in the features. The builders
 are the engine's own (`build_round_tree`), so the replay cannot drift from what the engine does.
 
-Configurations with retrieval (dartree.retrieval) are decoded instead (`decoded_rounds`): the successor
-table reads the target's logits at every verified node, which a replay of the greedy path does not have.
-Their τ is as exact; only they cost a real decode each.
+Retrieval (dartree.retrieval): context n-grams are replayed too. Their proposals depend on the committed
+text alone and their scores on the acceptance counts of earlier rounds, which at T = 0 are the nodes on the
+greedy path (`matched_nodes`), so the replay runs the decoder's own `Retriever` beside the rounds. The
+successor table reads the target's logits at every verified node, which a replay of the greedy path does
+not have: configurations with it (`table`, `both`) are decoded instead (`decoded_rounds`), as exactly;
+they only cost a real decode each. `replay` refuses them rather than replay another mode than asked.
 
 What a replay does not measure is the target's verify time: that comes from the measured cost
 curve (dartree.bench.cost_curve), so replayed speeds are predictions, reported as such, and the
@@ -29,8 +32,9 @@ import torch
 
 from .cache import new_cache
 from .draft import DrafterContext, PathCorrector, draft_block
-from .engine import DecodeSettings, build_round_tree, generate, sibling_count
+from .engine import DecodeSettings, build_round_tree, generate, make_retriever, sibling_count
 from .methods import METHODS
+from .retrieval import live_nodes
 
 
 @dataclass
@@ -106,28 +110,48 @@ class ReplayRounds:
 @torch.inference_mode()
 def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_scores: bool = False,
            budget_policy=None) -> ReplayRounds:
-    """Rounds of one configuration on one continuation, as the decoder would run them at T = 0."""
+    """Rounds of one configuration on one continuation, as the decoder would run them at T = 0 (its
+    resolved retrieval included: none or ngram; see the module docstring for the table)."""
     s = settings.validated(drafter.max_depth, target.vocab_size, target.device.type, budget_policy is not None)
+    if not replayable(s):
+        raise ValueError(f"retrieval {s.retrieval!r} reads the target's logits at every verified node: "
+                         "decode it (decoded_rounds), a replay cannot")
     seq = cont.sequence
     position = len(cont.prompt_ids)  # the first output token is the first anchor (prefill made it)
     produced = 1
     total = len(cont.output_ids)
+    dev = target.device
+    retriever = make_retriever(s, target, s.depth)
+    if retriever is not None:  # the prompt and the prefill's token; no logits: the n-grams do not read them
+        retriever.start(cont.prompt_ids, torch.tensor(seq[position:position + 1], device=dev), None)
     out = ReplayRounds([], [], [])
     while produced < total:
         block = _block_at(cont, drafter, target, position, s)
         t0 = time.perf_counter()
-        supertree, tree = build_round_tree(s, block, PathCorrector(drafter, target, block), budget_policy)
+        supertree, tree, kept = build_round_tree(s, block, PathCorrector(drafter, target, block), budget_policy,
+                                                 retriever)
         out.tree_seconds.append(time.perf_counter() - t0)
-        accepted = accepted_depth(tree, seq, position)
+        on_tree_path = matched_nodes(tree, seq, position)  # at T = 0: the nodes the target accepts
+        accepted = int(torch.where(on_tree_path, tree.depths, 0).max())
         if keep_scores:
-            on_path = matched_nodes(supertree, seq, position)
-            out.supertree_scores.append((supertree.scores[1:].cpu(), on_path[1:].cpu()))
+            live = live_nodes(supertree)
+            on_path = matched_nodes(supertree, seq, position) & live
+            out.supertree_scores.append((supertree.scores[1:][live[1:]].cpu(), on_path[1:][live[1:]].cpu()))
         committed = min(accepted + 1, total - produced)
+        if retriever is not None:
+            retriever.observe(kept, tree, on_tree_path)
+            retriever.extend(torch.tensor(seq[position + 1:position + 1 + committed], device=dev))
         out.committed.append(committed)
         out.nodes.append(tree.num_nodes)
         produced += committed
         position += committed
     return out
+
+
+@torch.inference_mode()
+def replayable(settings: DecodeSettings) -> bool:
+    """Whether `replay` reproduces these (resolved) settings: every retrieval mode but the successor table's."""
+    return settings.retrieval in (None, "none", "ngram")
 
 
 @torch.inference_mode()
@@ -200,10 +224,10 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
         s = cfg.settings(base).resolved(target.device.type, budget_policy is not None)
         committed, seconds, nodes, tree_times = 0, 0.0, [], []
         for cont in continuations:
-            if s.retrieval != "none":
-                r = decoded_rounds(target, drafter, cont, s)
-            else:
+            if replayable(s):
                 r = replay(target, drafter, cont, s, budget_policy=budget_policy)  # used only where s.auto_budget
+            else:
+                r = decoded_rounds(target, drafter, cont, s)
             committed += sum(r.committed)
             tree_times += r.tree_seconds
             nodes += r.nodes

@@ -37,9 +37,11 @@ context (at 2,048 tokens: 4 x 2,047 element comparisons, a cumulative product ov
 no per-position loop; a median 0.15 ms on this loaded 2-core CPU); the table walk is D gathers (0.1 ms);
 the merge is a sort per depth to give equal paths one id (`path_ids`) and a few scatters (0.7 ms for a
 W = 4 supertree plus both sources' chains, D = 7; a CPU round is ~60 ms). Retrieval runs once per round,
-between the last depth and the cut, and the merge reads one size back there (how many nodes are new, the
-merged tree's size): the one host sync it adds to a round. Nothing here knows about models: tensors in,
-nodes out.
+between the last depth and the cut, and reads nothing back to the host there: the merged tree has a static
+size (`merge_padded`: every proposal slot keeps its place, repeated paths and invalid slots become dead
+nodes the cut ranks last), which works whenever B is at most the drafted supertree's size; only a larger B
+or the auto budget compacts it to its live nodes (`compact`, one read). The committed tokens join the
+n-gram context from the device (`Retriever.extend`). Nothing here knows about models: tensors in, nodes out.
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ def source_label(bits: int) -> str:
 def mode_sources(mode: str) -> tuple[str, ...]:
     """The retrieval sources a --retrieval mode turns on."""
     return {"none": (), "ngram": ("ngram",), "table": ("table",), "both": RETRIEVED}[mode]
+
+
+def max_retrieved(mode: str, depth: int) -> int:
+    """The most nodes a round's retrieval can add to the supertree: every source's chains, D nodes each."""
+    chains = {"ngram": NGRAM_BRANCHES, "table": TABLE_WIDTH}
+    return sum(chains[s] for s in mode_sources(mode)) * depth
 
 
 @dataclass
@@ -191,12 +199,13 @@ def table_slots(depth: int, k: int = TABLE_WIDTH) -> int:
 
 
 # ------------------------------------------------------------------------------------ acceptance rates
-def slot_priors(depth: int, priors: dict, k: int = TABLE_WIDTH, max_n: int = MAX_NGRAM) -> dict:
+def slot_priors(depth: int, priors: dict, k: int = TABLE_WIDTH, max_n: int = MAX_NGRAM, device=None) -> dict:
     """Per-slot prior rates from dartree.defaults.RETRIEVAL_PRIORS: n-grams by match length (every depth
-    alike), the table by column at depth 1 and one rate for the chains below."""
-    ngram = torch.tensor(priors["ngram"], dtype=torch.float64)[:max_n].repeat_interleave(depth)
-    table = torch.cat([torch.tensor(priors["table"], dtype=torch.float64)[:k],
-                       torch.full((depth - 1,), float(priors["table_chain"]), dtype=torch.float64)])
+    alike), the table by column at depth 1 and one rate for the chains below. Built once per generation."""
+    f64 = {"dtype": torch.float64, "device": device}
+    ngram = torch.tensor(priors["ngram"], **f64)[:max_n].repeat_interleave(depth)
+    table = torch.cat([torch.tensor(priors["table"], **f64)[:k],
+                       torch.full((depth - 1,), float(priors["table_chain"]), **f64)])
     assert ngram.shape[0] == ngram_slots(depth, max_n) and table.shape[0] == table_slots(depth, k)
     return {"ngram": ngram, "table": table}
 
@@ -255,11 +264,16 @@ def path_ids(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, 
     return ids
 
 
-def merge(tree: Tree, proposals: list[Proposals], scores: list[torch.Tensor]) -> tuple[Tree, list[torch.Tensor]]:
-    """The tree with the proposals' chains merged in; and each proposal's node index ([R, D], -1: invalid).
+def merge_padded(tree: Tree, proposals: list[Proposals], scores: list[torch.Tensor]) -> tuple[Tree, list[torch.Tensor]]:
+    """The proposals' chains merged into `tree` without a host read: a tree of static size, N + sum(R x D).
 
-    Tree nodes keep their indices; a proposal whose path already exists is that node (score: the max,
-    sources: OR); new paths are appended sorted by depth, so parents still precede children.
+    Tree nodes keep their indices; the chains follow, row-major, each slot at its own index. A slot whose
+    path is new and valid is *live*: the first valid slot of its path (the lowest index) represents it, with
+    the best score of the path's proposals and the OR of their sources; its parent is its chain parent's
+    representative, at a lower index, so parents still precede children. Every other slot (invalid, or a
+    path already present: in the tree or in an earlier chain) is *dead*: score -inf, sources 0, parent the
+    root, so the cut ranks it last and `live_nodes` drops it. Returns the padded tree and each proposal's
+    node index ([R, D], -1: invalid).
     """
     dev = tree.tokens.device
     n = int(tree.tokens.shape[0])
@@ -287,36 +301,53 @@ def merge(tree: Tree, proposals: list[Proposals], scores: list[torch.Tensor]) ->
 
     group = path_ids(tokens, parents, depths, max_depth)
     g = (max_depth + 1) * m + 1  # id space (most ids unused: the scatters below are over a few hundred slots)
-    big = torch.full((g,), m, dtype=torch.long, device=dev)
-    tree_rep = big.scatter_reduce(0, group, torch.where(idx < n, idx, m), "amin")  # the tree node of a path
-    any_rep = big.scatter_reduce(0, group, torch.where(valid, idx, m), "amin")  # its first valid member
-    is_new = (tree_rep == m) & (any_rep < m)
-    new_groups = torch.nonzero(is_new).squeeze(-1)  # the one host read: how many nodes are new
-    new_rep = any_rep[new_groups]
-    new_groups = new_groups[torch.argsort(depths[new_rep] * m + new_rep)]  # by depth: parents first
-    new_rep = any_rep[new_groups]
-    index_of_group = torch.where(tree_rep < m, tree_rep, -1)
-    index_of_group[new_groups] = n + torch.arange(new_groups.shape[0], device=dev)
-    neg = torch.full((g,), float("-inf"), dtype=node_scores.dtype, device=dev)
-    group_score = neg.scatter_reduce(0, group, torch.where(valid, node_scores, float("-inf")), "amax")
+    rep = torch.full((g,), m, dtype=torch.long, device=dev).scatter_reduce(
+        0, group, torch.where(valid, idx, m), "amin")  # a path's representative: its first valid slot
+    live = valid & (rep[group] == idx)  # tree nodes are valid and come first: each represents its path
+    group_score = torch.full((g,), float("-inf"), dtype=node_scores.dtype, device=dev).scatter_reduce(
+        0, group, torch.where(valid, node_scores, float("-inf")), "amax")
+    shifts = torch.arange(3, device=dev)
     group_bits = torch.zeros((g, 3), dtype=torch.long, device=dev).scatter_reduce(
-        0, group[:, None].expand(m, 3), (sources[:, None] >> torch.arange(3, device=dev)) & valid[:, None].long() & 1,
-        "amax")
-    group_bits = (group_bits << torch.arange(3, device=dev)).sum(1)
+        0, group[:, None].expand(m, 3), (sources[:, None] >> shifts) & valid[:, None].long() & 1, "amax")
+    group_bits = (group_bits << shifts).sum(1)
 
-    merged_parents = torch.where(parents[new_rep] >= 0, index_of_group[group[parents[new_rep].clamp(min=0)]], -1)
-    tree_groups = group[:n]  # tree nodes stay in place
-    merged = Tree(torch.cat([tree.tokens, tokens[new_rep]]), torch.cat([tree.parents, merged_parents]),
-                  torch.cat([tree.depths, depths[new_rep]]),
-                  torch.cat([group_score[tree_groups], group_score[new_groups]]),
-                  max_depth, torch.cat([group_bits[tree_groups], group_bits[new_groups]]))
+    rep_parent = torch.where(parents >= 0, rep[group[parents.clamp(min=0)]], -1)
+    merged = Tree(tokens, torch.where(live, rep_parent, 0), depths,
+                  torch.where(live, group_score[group], float("-inf")), max_depth,
+                  torch.where(live, group_bits[group], 0))
     nodes, start = [], n
     for p in proposals:
         size = p.tokens.numel()
-        at = index_of_group[group[start:start + size]]
+        at = rep[group[start:start + size]]
         nodes.append(torch.where(valid[start:start + size], at, -1).reshape(p.tokens.shape))
         start += size
     return merged, nodes
+
+
+def live_nodes(tree: Tree) -> torch.Tensor:
+    """[N] bool: the nodes of a padded merged tree (`merge_padded`) that are real (all of an unmerged tree's)."""
+    if tree.sources is None:
+        return torch.ones_like(tree.tokens, dtype=torch.bool)
+    return tree.sources != 0
+
+
+def compact(tree: Tree) -> tuple[Tree, torch.Tensor]:
+    """A padded merged tree without its dead slots, and the old -> new index map ([N], -1: dropped).
+
+    One host read (how many nodes live): used where the tree's size must be its live size (a cut that may
+    keep every node, the tests' brute force); the decoder's usual cut reads nothing (`Retriever.round_tree`).
+    """
+    keep = torch.nonzero(live_nodes(tree)).squeeze(-1)
+    remap = torch.full_like(tree.parents, -1)
+    remap[keep] = torch.arange(keep.shape[0], device=keep.device)
+    return tree.subset(keep), remap
+
+
+def merge(tree: Tree, proposals: list[Proposals], scores: list[torch.Tensor]) -> tuple[Tree, list[torch.Tensor]]:
+    """`merge_padded` with the dead slots dropped (`compact`): the merged tree at its live size."""
+    padded, nodes = merge_padded(tree, proposals, scores)
+    merged, remap = compact(padded)
+    return merged, [torch.where(node >= 0, remap[node.clamp(min=0)], -1) for node in nodes]
 
 
 # ------------------------------------------------------------------------------------------ one decoder's
@@ -334,19 +365,20 @@ class Retriever:
         self.history = torch.zeros(capacity, dtype=torch.long, device=device)
         self.length = 0
         self.table = SuccessorTable(vocab_size, device=device) if "table" in self.sources else None
-        self.rates = AcceptanceRates(slot_priors(depth, priors), prior_weight, device)
+        self.rates = AcceptanceRates(slot_priors(depth, priors, device=device), prior_weight, device)
         self.round: list[tuple[Proposals, torch.Tensor]] = []  # this round's proposals and their merged nodes
         self.merged_size = 0
 
-    def extend(self, tokens: list[int]) -> None:
-        """Append committed tokens (the anchor included) to the context the n-grams search."""
-        n = len(tokens)
-        self.history[self.length:self.length + n] = torch.tensor(tokens, dtype=torch.long).to(self.history.device)
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Append committed tokens ([n] long, on the device: no host copy) to the context the n-grams search."""
+        n = int(tokens.shape[0])
+        self.history[self.length:self.length + n] = tokens
         self.length += n
 
-    def start(self, prompt_ids: list[int], first: int, last_logits: torch.Tensor) -> None:
-        """After the prefill: the prompt and first token are the context; the table is seeded."""
-        self.extend(list(prompt_ids) + [int(first)])
+    def start(self, prompt_ids: list[int], first: torch.Tensor, last_logits: torch.Tensor) -> None:
+        """After the prefill: the prompt and first token ([1] long) are the context; the table is seeded."""
+        dev = self.history.device
+        self.extend(torch.cat([torch.tensor(list(prompt_ids), dtype=torch.long, device=dev), first.reshape(1).to(dev)]))
         if self.table is not None:
             self.table.seed(self.history[:len(prompt_ids)], last_logits)
 
@@ -359,10 +391,19 @@ class Retriever:
             out.append(self.table.proposals(self.history[self.length - 1], self.depth))
         return out
 
-    def round_tree(self, supertree: Tree) -> Tree:
-        """The supertree with this round's retrieved chains merged in, scored by the online rates."""
+    def round_tree(self, supertree: Tree, budget: int | None) -> Tree:
+        """The supertree with this round's retrieved chains merged in, scored by the online rates.
+
+        Padded (`merge_padded`, no host read) when the cut keeps `budget` <= the drafted nodes: those are live
+        with finite scores, so the top B are live. Otherwise (a budget above the drafted supertree, or None:
+        the auto budget chooses from the merged scores) the cut may reach past them, and the tree is
+        compacted to its live nodes (one host read, where a small supertree or the auto budget asks for it).
+        """
         proposals = self.propose()
-        merged, nodes = merge(supertree, proposals, [self.rates.scores(p) for p in proposals])
+        merged, nodes = merge_padded(supertree, proposals, [self.rates.scores(p) for p in proposals])
+        if budget is None or budget > supertree.num_nodes:
+            merged, remap = compact(merged)
+            nodes = [torch.where(node >= 0, remap[node.clamp(min=0)], -1) for node in nodes]
         self.round = list(zip(proposals, nodes))
         self.merged_size = int(merged.tokens.shape[0])
         return merged
@@ -386,9 +427,9 @@ class Retriever:
 def source_counts(supertree: Tree, tree: Tree, accepted: torch.Tensor, accepted_count: int) -> dict:
     """Per source: nodes proposed (in the merged supertree), verified (kept by the cut) and accepted, root
     excluded; a node two sources proposed counts for each. One small host copy (the commit's)."""
-    if supertree.sources is None:  # drafted only: sizes are host ints already
+    if supertree.sources is None or tree.sources is None:  # drafted only: sizes are host ints already
         return {"draft": {"proposed": supertree.num_nodes, "verified": tree.num_nodes, "accepted": accepted_count}}
-    bits = torch.tensor(list(SOURCE_BITS.values()), device=tree.tokens.device)
+    bits = 1 << torch.arange(len(SOURCE_BITS), device=tree.tokens.device)  # DRAFT, NGRAM, TABLE
     sup = (supertree.sources[1:, None] & bits) > 0
     mine = (tree.sources[1:, None] & bits) > 0
     table = torch.stack([sup.sum(0), mine.sum(0), (mine & accepted[1:, None]).sum(0)]).tolist()

@@ -25,7 +25,7 @@ from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
 from .errors import UserError
 from .methods import METHODS
-from .replay import config_key, greedy_outputs, make_continuation, replay, sweep
+from .replay import config_key, greedy_outputs, make_continuation, replay, replayable, sweep
 from .trace import STAGE_KEYS
 
 
@@ -95,7 +95,10 @@ def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: di
     """P(on path | score) from W-wide supertrees replayed on train prompts, and the policy it gives."""
     target, drafter = models.target, models.drafter
     pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
-    settings = replace(base, method="dartree", width=width, budget=AUTO_BUDGET_CAP)
+    settings = replace(base, method="dartree", width=width, budget=AUTO_BUDGET_CAP).resolved(target.device.type)
+    if not replayable(settings):  # scores of the merged supertree with n-grams; the table needs real verifies
+        raise UserError(f"the auto budget's calibration replays supertrees, and retrieval {settings.retrieval!r} "
+                        "cannot be replayed: calibrate with --retrieval none or ngram")
     samples, tree_seconds, draft_seconds = [], [], []
     for ids, out in pairs:
         cont = make_continuation(target, drafter, ids, out)
@@ -108,6 +111,7 @@ def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: di
     policy = AutoBudget(cal["edges"], cal["rates"], fixed, costs["verify_seconds"], AUTO_BUDGET_CAP,
                         source=f"{len(prompts)} train prompts (the file's last), W={width}")
     return policy, {**cal, "fixed_seconds": fixed, "calibration_prompts": len(prompts), "calibration_width": width,
+                    "calibration_retrieval": settings.retrieval,
                     "rounds": len(samples)}
 
 

@@ -23,7 +23,7 @@ ctx=DrafterContext.from_prefill(d,out.features)
 anchor=torch.tensor(ids[-1]); P=L-1
 block=draft_block(d,t,ctx,anchor,P,7,64)
 s=DecodeSettings(method='dartree',width=8,budget=8,depth=7,candidates=64)
-_,tree=build_round_tree(s,block,PathCorrector(d,t,block))
+_,tree,_=build_round_tree(s,block,PathCorrector(d,t,block))
 N=tree.tokens.shape[0]; print('tree nodes',N)
 toks=tree.tokens[None]; pos=position_ids(tree.depths,P); vis=ancestor_matrix(tree.parents,tree.max_depth); mask=additive_mask(vis,P,t.dtype)
 causal_pos=torch.arange(P,P+N)[None]

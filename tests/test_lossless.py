@@ -39,15 +39,17 @@ def test_ar_equals_transformers_generate(real_models, references):
     assert ref == hf[:len(ref)]
 
 
-@pytest.mark.parametrize("method", TREE_METHODS)
-def test_every_method_equals_ar_with_a_random_drafter(real_models, references, method):
+RETRIEVAL_METHODS = [m for m in TREE_METHODS if REGISTRY[m].retrieval]
+
+
+# every method at its defaults (retrieval: RETRIEVAL_DEFAULT, ngram), and the retrieval methods without it
+@pytest.mark.parametrize("method,retrieval", [(m, None) for m in TREE_METHODS] + [(m, "none") for m in RETRIEVAL_METHODS])
+def test_every_method_equals_ar_with_a_random_drafter(real_models, references, method, retrieval):
     for prompt, (ids, ref) in references.items():
-        settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24)
+        settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24,
+                                  retrieval=retrieval)
         got = generate(real_models.target, real_models.drafter, ids, settings)
         assert got.token_ids == ref, prompt
-
-
-RETRIEVAL_METHODS = [m for m in TREE_METHODS if REGISTRY[m].retrieval]
 
 
 @pytest.mark.parametrize("retrieval", ("ngram", "table", "both"))

@@ -250,3 +250,11 @@ def test_bench_best_of_takes_extra_configs_into_the_same_run(tmp_path):
     configs, _ = _grid(args, models)
     assert configs == [BenchConfig("ar", None, None), BenchConfig("ddtree", None, 8), BenchConfig("dartree", 4, 8),
                        BenchConfig("ddtree", None, 32), BenchConfig("dartree", 12, 32)]
+
+
+def test_replay_refuses_the_successor_table_rather_than_replay_another_mode(models):
+    """The table reads the target's logits at every verified node: the sweep decodes it (decoded_rounds)."""
+    target, drafter = models
+    for retrieval in ("table", "both"):
+        with pytest.raises(ValueError, match="decode it"):
+            replay(target, drafter, None, DecodeSettings(method="dartree", retrieval=retrieval))

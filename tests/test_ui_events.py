@@ -11,7 +11,7 @@ from dataclasses import asdict, fields, replace
 import plotly.graph_objects as go
 import pytest
 
-from dartree.defaults import CPU_DEFAULTS
+from dartree.defaults import CPU_DEFAULTS, RETRIEVAL_DEFAULT
 from dartree.engine import DecodeSettings, generate
 from dartree.errors import UserError
 from dartree.ui import compare, figures, layout, panels
@@ -102,9 +102,15 @@ def test_stepping_a_round_stage_by_stage(canonical, plain):
     assert out["summary"]["supertree_nodes"] == 4 * 7  # W per depth
     out = event(session, "prune", **SMALL)
     assert out["summary"]["tree_nodes"] == 12 and "12 best" in out["status"]
-    assert set(out) == {"status", "summary", "prune_fig", "rank_fig", "mask_fig"}
+    # the pruning panels; with retrieval (the default) the supertree too: the retrieved chains join it here
+    retrieved = session.decoder.settings.retrieval != "none"
+    assert retrieved == (SMALL.get("retrieval", RETRIEVAL_DEFAULT) != "none")
+    assert set(out) == {"status", "summary", "prune_fig", "rank_fig", "mask_fig"} | (
+        panels.RETRIEVED_JOIN if retrieved else set())
+    merged = out["summary"]["supertree_nodes"]  # drafted nodes plus the retrieved ones that are new paths
+    assert merged >= 4 * 7
     bars = out["rank_fig"].data[0].marker.color  # ranked by path score: the best B are the kept ones
-    assert len(bars) == 4 * 7 and set(bars[:12]) == {"#3b75af"} and "#3b75af" not in bars[12:]
+    assert len(bars) == merged and set(bars[:12]) == {"#3b75af"} and "#3b75af" not in bars[12:]
     out = event(session, "verify", **SMALL)
     assert out["summary"]["accepted"] is not None and "bonus" in out["status"]
     out = event(session, "commit", **SMALL)

@@ -118,12 +118,13 @@ def tree_view(rec, texts: TokenTexts) -> dict:
 def with_retrieved(nodes: list[NodeView], merged: dict, texts: TokenTexts) -> list[NodeView]:
     """The supertree's nodes once retrieval merged its chains in (`merged`: tree_view's "supertree"): drafted
     nodes get their source (both, where a retrieved chain ran through them), retrieved nodes are appended
-    with their merged index as id; cut candidates stay as they were."""
+    with their merged index as id; cut candidates stay as they were. Slots without a source bit are the
+    padding of a merge without host reads (dartree.retrieval.merge_padded): not nodes, not drawn."""
     sources, n = merged["sources"], len(merged["tokens"])
     out = [replace(v, source=sources[v.id]) if v.survived and isinstance(v.id, int) and v.id < n else v for v in nodes]
     known = {v.id for v in nodes if v.survived}
     for i in range(n):
-        if i in known:
+        if i in known or not merged["bits"][i]:
             continue
         p = merged["parents"][i]
         step = math.exp(merged["scores"][i] - merged["scores"][p]) if p >= 0 else None
