@@ -158,10 +158,10 @@ def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudge
     return _POLICIES[key]
 
 
-def shape_for(models) -> dict:
-    """`default_shape` of the models' device, with the auto budget kept only where a calibrated policy
-    fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
-    shape = default_shape(models.target.device.type)
+def shape_for(models, temperature: float = 0.0) -> dict:
+    """`default_shape` of the models' device at this temperature, with the auto budget kept only where a
+    calibrated policy fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
+    shape = default_shape(models.target.device.type, temperature)
     if shape.get("auto_budget"):
         try:
             policy_for(models.target, models.drafter_name)

@@ -178,7 +178,7 @@ def cmd_generate(args) -> int:
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
     # unset W, B, C, bonus: DecodeSettings resolves the device's defaults (dartree.defaults), the auto
     # budget included where it is the default and a calibrated policy fits these models (shape_for)
-    auto = args.budget == "auto" or (args.budget is None and shape_for(models).get("auto_budget")
+    auto = args.budget == "auto" or (args.budget is None and shape_for(models, args.temperature).get("auto_budget")
                                      and REGISTRY[args.method].auto_budget)
     settings = DecodeSettings(method=args.method, width=args.width,
                               budget=None if args.budget in (None, "auto") else args.budget,
@@ -209,7 +209,7 @@ def _grid(args, models):
     from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
 
-    shape = default_shape(models.target.device.type)  # the grid's default W and B
+    shape = default_shape(models.target.device.type, args.temperature)  # the grid's default W and B
     if getattr(args, "best_of", None):
         from .sweep import best_configs
 

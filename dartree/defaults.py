@@ -21,12 +21,15 @@ AUTO_BUDGET_CAP = 256  # the most nodes an automatic budget may verify (the cost
 GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
 
 
-def default_shape(device_type: str) -> dict:
-    """The measured best shape for this CPU; the DARTree reference's GPU defaults on CUDA.
+def default_shape(device_type: str, temperature: float = 0.0) -> dict:
+    """The measured best shape for this CPU at this decoding temperature; the DARTree reference's GPU
+    defaults on CUDA.
 
     The one source of defaults: `DecodeSettings` resolves its unset fields from it (dartree.engine), and
     the CLI and the app take it through `dartree.budget.shape_for` (which also checks the auto budget)."""
-    return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
+    if device_type == "cuda":
+        return dict(GPU_DEFAULTS)
+    return {**CPU_DEFAULTS, **CPU_SAMPLING_SHAPES[temperature_band(temperature)]}
 
 # Retrieval branches (dartree.retrieval): opt-in (`--retrieval ngram`) for this release. Measured in one interleaved bench per prompt
 # set (fp32, dartree W = 4, B = 8, bonus -0.2, 30 prompts x 128 tokens, `python -m dartree bench --limit 30
@@ -46,3 +49,21 @@ def default_shape(device_type: str) -> dict:
 RETRIEVAL_DEFAULT = "none"
 RETRIEVAL_PRIORS = {"ngram": (0.2, 0.6, 0.75, 0.9), "table": (0.55, 0.08, 0.08, 0.08), "table_chain": 0.7}
 RETRIEVAL_PRIOR_WEIGHT = 4.0
+
+# Sampling (T > 0, issue #24). The walk accepts a child when the target's draw from its processed distribution
+# (temperature, top-p) lands on it, so fewer nodes are accepted than at T = 0 and the best tree changes:
+# the scores are processed at `score_temperature(T)` (dartree.tree.child_log_probs) and the shape has a
+# temperature axis, one entry per band of TEMPERATURE_BANDS (upper bounds; T = 0 is greedy).
+TEMPERATURE_BANDS = (0.0, 0.65, 2.0)  # 2.0: the engine's MAX_TEMPERATURE
+CPU_SAMPLING_SHAPES = ({}, {}, {})  # per band: the fields that differ from CPU_DEFAULTS
+SCORE_TEMPERATURE_SCALE = 1.0  # score temperature / decoding temperature
+
+
+def temperature_band(temperature: float) -> int:
+    """Index of the band of TEMPERATURE_BANDS that holds `temperature` (0: greedy)."""
+    return next((i for i, upper in enumerate(TEMPERATURE_BANDS) if temperature <= upper), len(TEMPERATURE_BANDS) - 1)
+
+
+def score_temperature(temperature: float) -> float:
+    """The temperature the tree's scores are processed at when decoding at `temperature` (0: as drafted)."""
+    return 0.0 if temperature <= 0 else SCORE_TEMPERATURE_SCALE * temperature

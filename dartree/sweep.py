@@ -1,7 +1,8 @@
 """The (method, W, B) sweep: replayed acceptance for every configuration, speed from measured costs.
 
 `run_sweep` measures this machine's cost curve, decodes a greedy continuation per prompt, replays
-every configuration on those continuations (dartree.replay: exact τ at T = 0), optionally calibrates
+every configuration on those continuations (dartree.replay: exact τ at T = 0; at T > 0 on sampled
+continuations, τ of the right distribution), optionally calibrates
 the cost-aware budget on train prompts and replays it too, and times DARTree's batched tree build
 against a sequential corrected heap. The predicted speed of a configuration is its committed tokens
 over the sum of its rounds' costs (draft, tree, verify(nodes + 1), commit); `python -m dartree bench`
@@ -25,7 +26,7 @@ from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
 from .errors import UserError
 from .methods import METHODS
-from .replay import config_key, greedy_outputs, make_continuation, replay, sweep
+from .replay import config_key, make_continuation, plain_outputs, replay, sweep
 from .trace import STAGE_KEYS
 
 
@@ -50,11 +51,12 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
     target, drafter = models.target, models.drafter
     measure_here = costs is None
     costs = cost_curve(models, prompts[0]) if measure_here else costs
-    pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
+    pairs = plain_outputs(models, prompts, base.max_new_tokens, progress, base.temperature, base.top_p, base.seed)
     continuations = [make_continuation(target, drafter, ids, out) for ids, out in pairs]
     results = {"machine": machine_info(target), "drafter": models.drafter_description,
                "settings": {"max_new_tokens": base.max_new_tokens, "candidates": base.candidates, "depth": base.depth,
-                            "temperature": 0.0, "n_prompts": len(prompts)},
+                            "temperature": base.temperature, "top_p": base.top_p, "seed": base.seed,
+                            "n_prompts": len(prompts)},
                "cost_curve": costs}
     policy = None
     if calibration_prompts:
@@ -94,7 +96,7 @@ def best_configs(rows: list[dict]) -> list[BenchConfig]:
 def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: dict, width: int, progress=True):
     """P(on path | score) from W-wide supertrees replayed on train prompts, and the policy it gives."""
     target, drafter = models.target, models.drafter
-    pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
+    pairs = plain_outputs(models, prompts, base.max_new_tokens, progress, base.temperature, base.top_p, base.seed)
     settings = replace(base, method="dartree", width=width, budget=AUTO_BUDGET_CAP)
     samples, tree_seconds, draft_seconds = [], [], []
     for ids, out in pairs:

@@ -74,6 +74,7 @@ def test_first_tokens_follow_the_target_distribution(models, method):
     target, drafter = models
     settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
                               max_new_tokens=3)
+    assert settings.resolved().score_temperature > 0  # the trees are built with the sampling scores
     assert_follows_target(target, drafter, settings)
 
 

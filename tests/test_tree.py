@@ -300,3 +300,111 @@ def test_ddtree_heap_takes_siblings_from_the_whole_vocabulary(draft_vocab, budge
                             abs_tol=1e-4)
     cand = block.draft.cand_tokens.tolist()
     assert any(t not in cand[len(p) - 1] for p in got for t in p[-1:])  # some sibling lies beyond the top C
+
+
+# ---------------------------------------------------------------------------------------- scores at T > 0
+def processed_reference_supertree(drafter, target, block, width, depth, temperature, top_p):
+    """`reference_supertree` with every corrected distribution processed by the sampler's own rule
+    (dartree.sampling.processed_probs over the C candidates): path score = log of the product of the
+    processed probabilities along the path (a probability of 0 counts as OUTSIDE_NUCLEUS)."""
+    from dartree.sampling import processed_probs
+    from dartree.tree import OUTSIDE_NUCLEUS
+
+    draft = block.draft
+    frontier = [((), 0.0)]
+    levels = []
+    for d in range(1, depth + 1):
+        cands = []
+        for path, score in frontier:
+            tokens = torch.cat([draft.anchor.reshape(1), torch.tensor(path, dtype=torch.long)]).long()
+            state = drafter.gru_scan(target.embed(tokens)[None])[0, -1:]
+            columns = draft.cand_tokens[d - 1]
+            residual = drafter.correction(block.hidden[d - 1][None], state, columns)[0]
+            probs = processed_probs((draft.cand_base_logits[d - 1] + residual)[None], temperature, top_p)[0]
+            for c in range(draft.num_candidates):
+                p = float(probs[c])
+                cands.append((path + (int(columns[c]),), score + (math.log(p) if p > 0 else OUTSIDE_NUCLEUS)))
+        cands.sort(key=lambda x: -x[1])
+        frontier = cands[:width]
+        levels.append(frontier)
+    return levels
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.8, 1.0), (0.5, 0.9), (1.3, 0.7)])
+def test_processed_scores_equal_the_product_of_processed_probabilities(models, temperature, top_p):
+    target, drafter = models
+    block = random_block(depth=4, cand=5, seed=5)
+    with torch.no_grad():
+        builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3),
+                                   score_temperature=temperature, top_p=top_p)
+        builder.run()
+        tree = builder.tree()
+        levels = processed_reference_supertree(drafter, target, block, 3, 4, temperature, top_p)
+    for d, level in enumerate(levels, start=1):
+        nodes = (tree.depths == d).nonzero().squeeze(-1).tolist()
+        got = {path_tokens(tree, n): float(tree.scores[n]) for n in nodes}
+        want = dict(level)
+        assert set(got) == set(want)
+        for key in want:
+            assert math.isclose(got[key], want[key], abs_tol=1e-3)
+
+
+def test_scores_at_temperature_zero_are_bit_identical_to_the_drafted_ones(models):
+    """T = 0 (greedy) leaves the scores exactly as drafted: the same bits as before scores knew T."""
+    from dartree.engine import DecodeSettings
+    from dartree.tree import child_log_probs
+
+    target, drafter = models
+    block = random_block(depth=4, cand=5, seed=6)
+    draft = block.draft
+    residual = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(child_log_probs(draft, 2, residual, 0.0, 0.5),
+                       torch.log_softmax(draft.cand_base_logits[1] + residual, dim=-1))
+    assert torch.equal(child_log_probs(draft, 2, None, 0.0, 0.5), draft.cand_marginal_lp[1])
+    for top_p in (1.0, 0.8):  # greedy settings resolve to unprocessed scores whatever the top-p
+        assert DecodeSettings(temperature=0.0, top_p=top_p).resolved("cpu").score_temperature == 0.0
+    assert DecodeSettings(temperature=0.8).resolved("cpu").score_temperature > 0
+    with torch.no_grad():
+        trees = []
+        for kwargs in ({}, {"score_temperature": 0.0, "top_p": 0.8}):
+            b = DepthwiseBuilder(draft, PathCorrector(drafter, target, block), width_schedule(4), cut_bonus=-0.2,
+                                 **kwargs)
+            b.run()
+            trees.append(b.finish(6)[1])
+    for field in ("tokens", "parents", "depths", "scores"):
+        assert torch.equal(getattr(trees[0], field), getattr(trees[1], field))
+    assert torch.equal(ddtree_heap(draft, 9).scores, ddtree_heap(draft, 9, None, 0.0, 0.8).scores)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 0.8, 1.0])
+def test_processed_marginals_against_the_whole_vocabulary(temperature):
+    """Full-vocabulary marginals: exact at T = 1; below it the tail estimate (every token beyond the C
+    candidates as likely as the last one) over-counts the partition, so each log-prob is at most the exact
+    one, and the candidates keep their order."""
+    from dartree.tree import processed_log_probs
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 64, generator=g) * 2
+    logits, _ = base.topk(8, dim=-1)
+    lp = logits - torch.logsumexp(base, -1, keepdim=True)
+    got = processed_log_probs(lp, temperature)
+    exact = logits / temperature - torch.logsumexp(base / temperature, -1, keepdim=True)
+    if temperature == 1.0:
+        assert torch.allclose(got, exact, atol=1e-5)
+    assert (got <= exact + 1e-5).all()
+    assert (got.diff(dim=-1) <= 0).all()
+    assert (exact - got).max() < 0.5  # an estimate, not a bound only
+
+
+def test_top_p_scores_match_the_sampler_on_the_candidates():
+    """With the candidates holding all the mass, processed log-probs are the logs of the sampler's
+    processed_probs, the tokens it never draws marked OUTSIDE_NUCLEUS."""
+    from dartree.sampling import processed_probs
+    from dartree.tree import OUTSIDE_NUCLEUS, processed_log_probs
+
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)) * 2
+    for temperature, top_p in ((0.7, 0.8), (1.2, 0.5), (0.9, 1.0)):
+        probs = processed_probs(logits, temperature, top_p)
+        got = processed_log_probs(torch.log_softmax(logits, -1), temperature, top_p)
+        want = torch.where(probs > 0, probs.log(), torch.tensor(OUTSIDE_NUCLEUS))
+        assert torch.allclose(got, want, atol=1e-5)
