@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from scipy.optimize import isotonic_regression
 
-from .defaults import default_shape
+from .defaults import default_shape, temperature_band
 from .errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -134,15 +134,17 @@ class AutoBudget:
 _POLICIES: dict = {}
 
 
-def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudget:
-    """The auto-budget policy for these models on this kind of device, loaded once per process.
+def policy_for(target, drafter_name: str, path: Path | None = None, temperature: float = 0.0) -> AutoBudget:
+    """The auto-budget policy for these models on this kind of device and temperature band, loaded once per process.
 
-    The shipped calibration belongs to the embedded target, the shipped drafter and a CPU; anything
-    else needs its own (`python -m dartree sweep --calibrate-out FILE`), since both the acceptance
-    rates and the cost curve change with the models and the machine.
+    The shipped calibration belongs to the embedded target, the shipped drafter, a CPU and greedy decoding
+    (T = 0); anything else needs its own (`python -m dartree sweep [--temperature T] --calibrate-out FILE`),
+    since the acceptance rates change with the models and the temperature, and the cost curve with the
+    machine. A file records the temperature it was calibrated at (absent: 0), and serves its band of
+    dartree.defaults.TEMPERATURE_BANDS: P(on path | score) is not the same at T > 0 (CALIBRATION_BY_BAND).
     """
     path = Path(path) if path is not None else SHIPPED_POLICY
-    key = (str(path), target.name, drafter_name, target.device.type)
+    key = (str(path), target.name, drafter_name, target.device.type, temperature_band(temperature))
     if key in _POLICIES:
         return _POLICIES[key]
     if not path.is_file():
@@ -154,6 +156,11 @@ def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudge
         if data.get(k) != v:
             raise UserError(f"--budget auto: {path} was calibrated for {k} {data.get(k)!r}, not {v!r}; "
                             "make one for these models with `python -m dartree sweep --calibrate-out FILE`")
+    calibrated = float(data.get("temperature", 0.0))
+    if temperature_band(calibrated) != temperature_band(temperature):
+        raise UserError(f"--budget auto: {path} was calibrated at temperature {calibrated:g}, outside the band of "
+                        f"{temperature:g} (dartree.defaults.TEMPERATURE_BANDS); make one with `python -m dartree "
+                        f"sweep --temperature {temperature:g} --calibrate-out FILE`")
     _POLICIES[key] = AutoBudget.load(path)
     return _POLICIES[key]
 
@@ -164,7 +171,7 @@ def shape_for(models, temperature: float = 0.0) -> dict:
     shape = default_shape(models.target.device.type, temperature)
     if shape.get("auto_budget"):
         try:
-            policy_for(models.target, models.drafter_name)
+            policy_for(models.target, models.drafter_name, temperature=temperature)
         except UserError:
             shape["auto_budget"] = False
     return shape

@@ -148,10 +148,10 @@ def _set_threads(n):
         torch.set_num_threads(n)
 
 
-def _budget_policy(models, path):
+def _budget_policy(models, path, temperature: float = 0.0):
     from .budget import policy_for
 
-    return policy_for(models.target, models.drafter_name, path)
+    return policy_for(models.target, models.drafter_name, path, temperature)
 
 
 def _check_retrieval(args) -> None:
@@ -187,7 +187,7 @@ def cmd_generate(args) -> int:
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               max_new_tokens=args.max_new_tokens, depth_bonus=args.depth_bonus,
                               retrieval=args.retrieval)
-    policy = _budget_policy(models, None) if auto else None
+    policy = _budget_policy(models, None, args.temperature) if auto else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     for i, prompt in enumerate(prompts):
@@ -276,7 +276,7 @@ def cmd_bench(args) -> int:
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter, args.device, args.dtype)
     configs, base = _grid(args, models)
-    policy = _budget_policy(models, args.budget_policy) if any(c.auto for c in configs) else None
+    policy = _budget_policy(models, args.budget_policy, args.temperature) if any(c.auto for c in configs) else None
     print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     results = run_bench(models, prompts, configs, base, progress=not args.no_progress, budget_policy=policy,
                         sources=[source for _, source in rows])

@@ -65,6 +65,7 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         results["calibration"] = calibration
         if calibrate_out:
             policy.save(calibrate_out, extra={"target": target.name, "drafter": models.drafter_name,
+                                              "temperature": base.temperature,
                                               "device": target.device.type, **calibration})
         configs = list(configs) + [BenchConfig("dartree", w, "auto") for w in widths]
     rows = sweep(models, continuations, configs, base, costs, progress, policy)
@@ -170,8 +171,9 @@ def write_plot(results: dict, path) -> None:
     fig.add_trace(go.Scatter(x=ns, y=[curve["verify_seconds"][n if n in curve["verify_seconds"] else str(n)] / t_ar
                                       for n in ns], mode="lines+markers", name="t_verify / t_AR"), row=2, col=2)
     fig.update_xaxes(title_text="N tree tokens", type="log", row=2, col=2)
-    fig.update_layout(height=850, width=1150, title=f"DARTree sweep: {results['settings']['n_prompts']} dev prompts, "
-                      f"{results['settings']['max_new_tokens']} new tokens, T = 0 — {results['drafter']}")
+    s = results["settings"]
+    fig.update_layout(height=850, width=1150, title=f"DARTree sweep: {s['n_prompts']} prompts, {s['max_new_tokens']} "
+                      f"new tokens, T = {s.get('temperature', 0.0):g} — {results['drafter']}")
     fig.write_html(str(path), include_plotlyjs="cdn")
 
 
@@ -187,7 +189,8 @@ def card_section(results: dict, budgets=(16, 32, 64)) -> list[str]:
 
     costs = results["cost_curve"]
     s = results["settings"]
-    body = [f"Replayed on {s['n_prompts']} dev prompts, {s['max_new_tokens']} new tokens, T = 0, with the "
+    body = [f"Replayed on {s['n_prompts']} dev prompts, {s['max_new_tokens']} new tokens, "
+            f"T = {s.get('temperature', 0.0):g}, with the "
             f"command `{results.get('command', 'python -m dartree sweep')}`. τ = tokens committed per round "
             "(accepted + bonus). dartree: the best W for each B.", "",
             "| method | " + " | ".join(f"B = {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
@@ -225,8 +228,9 @@ def write_bench_plot(results: dict, path) -> None:
     for stage in STAGE_KEYS:
         fig.add_trace(go.Bar(x=labels, y=[100 * r["stage_share"][stage] for r in rows], name=stage), row=1, col=2)
     fig.update_layout(barmode="stack", height=520, width=1200,
-                      title=f"DARTree bench: {results['settings']['n_prompts']} dev prompts, "
-                            f"{results['settings']['max_new_tokens']} new tokens, T = 0 — {results['drafter']}")
+                      title=f"DARTree bench: {results['settings']['n_prompts']} prompts, "
+                            f"{results['settings']['max_new_tokens']} new tokens, "
+                            f"T = {results['settings'].get('temperature', 0.0):g} — {results['drafter']}")
     fig.update_yaxes(title_text="× plain decoding", row=1, col=1)
     fig.update_yaxes(title_text="% of round time", row=1, col=2)
     fig.write_html(str(path), include_plotlyjs="cdn")

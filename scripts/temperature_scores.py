@@ -9,6 +9,10 @@ differences between score temperatures are paired. A score temperature is writte
     python scripts/temperature_scores.py --prompt-file /tmp/train24.jsonl --temperatures 0.8,1.0 --seeds 0,1 \\
         --max-new-tokens 96 --configs dartree:W=4:B=8 --scores none,x1,x1.25,x1.5
 
+With --calibration-width W it instead prints, per T (0 included), P(node on the accepted path | score bin)
+of W-wide supertrees at the default scores (dartree.budget.calibrate, what `--budget auto` reads), to see
+whether one calibration serves every temperature.
+
 Prints, per T and configuration, τ per score temperature (per seed and overall) and its mean paired
 difference from "none" over (prompt, seed) with the standard error; --out writes the rows as JSON.
 Train prompts only (rows below 18,515 of train_prompts.jsonl): never tune on dev.
@@ -50,6 +54,7 @@ def main() -> int:
     ap.add_argument("--configs", default="dartree:W=4:B=8")
     ap.add_argument("--scores", default="none,x1")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--calibration-width", type=int, default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.threads:
@@ -58,6 +63,8 @@ def main() -> int:
     models = load_models()
     configs = [c for c in parse_configs(args.configs) if c.method != "ar"]
     scores = [s.strip() for s in args.scores.split(",")]
+    if args.calibration_width:
+        return calibration_by_temperature(models, prompts, args)
     rows = []
     for temperature in (float(t) for t in args.temperatures.split(",")):
         base = DecodeSettings(temperature=temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
@@ -91,6 +98,30 @@ def main() -> int:
                       f"± {se:.4f} (SE, {len(diffs)} pairs)", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    return 0
+
+
+def calibration_by_temperature(models, prompts, args) -> int:
+    """P(on path | score bin) of W-wide supertrees replayed at each temperature (default scores)."""
+    from dartree.budget import calibrate
+
+    results = {}
+    for temperature in (float(t) for t in args.temperatures.split(",")):
+        settings = DecodeSettings(method="dartree", width=args.calibration_width, budget=256, temperature=temperature,
+                                  top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+        samples = []
+        for seed in (int(x) for x in args.seeds.split(",")):
+            for ids, out in plain_outputs(models, prompts, args.max_new_tokens, True, temperature, args.top_p, seed):
+                cont = make_continuation(models.target, models.drafter, ids, out)
+                samples += replay(models.target, models.drafter, cont, replace(settings, seed=seed),
+                                  keep_scores=True).supertree_scores
+        cal = calibrate(samples)
+        results[temperature] = cal
+        print(f"T={temperature:g} ({len(samples)} rounds): edges {cal['edges']}", flush=True)
+        print("  rates  " + " ".join(f"{r:.3f}" for r in cal["rates"]), flush=True)
+        print("  counts " + " ".join(str(c) for c in cal["counts"]), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "calibration": results}, indent=1))
     return 0
 
 

@@ -310,7 +310,7 @@ def step(session: Session) -> tuple[str, frozenset]:
 # ---------------------------------------------------------------------------------------- events
 def budget_policy(models, settings: DecodeSettings):
     """The calibrated auto-budget policy when the settings ask for it (a clear message when none fits)."""
-    return policy_for(models.target, models.drafter_name) if settings.auto_budget else None
+    return policy_for(models.target, models.drafter_name, temperature=settings.temperature) if settings.auto_budget else None
 
 
 def _ensure_decoder(session: Session, controls: Controls, force: bool = False) -> str | None:
