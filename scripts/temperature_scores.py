@@ -79,6 +79,7 @@ def main() -> int:
                         s = replace(cfg.settings(base), seed=seed, score_temperature=score_temperature(spec, temperature))
                         r = replay(models.target, models.drafter, cont, s)
                         tallies[(cfg.label, spec)][(seed, i)] = (sum(r.committed), len(r.committed))
+            print(f"T={temperature:g} seed {seed} replayed", file=sys.stderr, flush=True)
         for cfg in configs:
             ref = tallies[(cfg.label, scores[0])]
             for spec in scores:

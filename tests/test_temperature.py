@@ -48,3 +48,22 @@ def test_the_app_shape_follows_the_temperature_until_the_visitor_touches_it(samp
     touched = dict(untouched, width=5)
     assert follow_temperature(MODELS, 0.9, **touched) == touched
     assert follow_temperature(MODELS, 0.9, **{k: str(v) for k, v in untouched.items()}) == hot  # page values as text
+
+
+def test_an_auto_budget_calibration_serves_its_temperature_band_only(tmp_path):
+    """P(on path | score) changes with the temperature, so a policy file answers for its own band."""
+    import json
+
+    from dartree.budget import SHIPPED_POLICY, policy_for
+    from dartree.errors import UserError
+
+    data = json.loads(SHIPPED_POLICY.read_text())
+    target = SimpleNamespace(name=data["target"], device=torch.device(data["device"]))
+    assert policy_for(target, data["drafter"], SHIPPED_POLICY, 0.0).rates == data["rates"]  # shipped: greedy
+    with pytest.raises(UserError, match="--temperature 0.8"):
+        policy_for(target, data["drafter"], SHIPPED_POLICY, 0.8)
+    hot = tmp_path / "auto-budget-hot.json"
+    hot.write_text(json.dumps(dict(data, temperature=0.9, rates=[0.5 * r for r in data["rates"]])))
+    assert policy_for(target, data["drafter"], hot, 0.8).rates[-1] == 0.5 * data["rates"][-1]
+    with pytest.raises(UserError, match="temperature 0.9"):
+        policy_for(target, data["drafter"], hot, 0.0)
