@@ -35,8 +35,9 @@ def path_tokens(tree: Tree, node: int) -> tuple:
     return tuple(reversed(out))
 
 
-def reference_supertree(drafter, target, block, width, depth):
-    """Node by node: each node's GRU state is recomputed from its whole path, nothing is batched."""
+def reference_supertree(drafter, target, block, width, depth, log_probs=lambda logits: torch.log_softmax(logits, -1)):
+    """Node by node: each node's GRU state is recomputed from its whole path, nothing is batched; `log_probs`
+    turns a path's corrected logits over the C candidates into the log-probs its score adds."""
     draft = block.draft
     anchor_embed = target.embed(draft.anchor.reshape(1))
 
@@ -53,13 +54,24 @@ def reference_supertree(drafter, target, block, width, depth):
             z = block.hidden[d - 1]
             columns = draft.cand_tokens[d - 1]
             residual = drafter.correction(z[None], state_of(path), columns)[0]
-            lp = torch.log_softmax(draft.cand_base_logits[d - 1] + residual, -1)
+            lp = log_probs(draft.cand_base_logits[d - 1] + residual)
             for c in range(draft.num_candidates):
                 cands.append((path + (int(columns[c]),), score + float(lp[c])))
         cands.sort(key=lambda x: -x[1])
         frontier = cands[:width]
         levels.append(frontier)
     return levels
+
+
+def assert_levels_match(tree: Tree, levels, tol: float) -> None:
+    """The tree holds, per depth, exactly the reference's paths, with its scores."""
+    for d, level in enumerate(levels, start=1):
+        nodes = (tree.depths == d).nonzero().squeeze(-1).tolist()
+        got = {path_tokens(tree, n): float(tree.scores[n]) for n in nodes}
+        want = dict(level)
+        assert set(got) == set(want)
+        for key in want:
+            assert math.isclose(got[key], want[key], abs_tol=tol)
 
 
 @pytest.mark.parametrize("width,seed", [(1, 0), (3, 1), (6, 2)])
@@ -71,13 +83,7 @@ def test_supertree_equals_node_by_node_reference(models, width, seed):
         expansions = builder.run()
         tree = builder.tree()
         levels = reference_supertree(drafter, target, block, width, 4)
-    for d, level in enumerate(levels, start=1):
-        nodes = (tree.depths == d).nonzero().squeeze(-1).tolist()
-        got = {path_tokens(tree, n): float(tree.scores[n]) for n in nodes}
-        want = dict(level)
-        assert set(got) == set(want)
-        for key in want:
-            assert math.isclose(got[key], want[key], abs_tol=1e-4)
+    assert_levels_match(tree, levels, 1e-4)
     # every expanded candidate is recorded, and exactly W survive per depth
     for exp in expansions:
         assert exp.token.shape[0] == exp.frontier.shape[0] * block.draft.num_candidates
@@ -303,31 +309,17 @@ def test_ddtree_heap_takes_siblings_from_the_whole_vocabulary(draft_vocab, budge
 
 
 # ---------------------------------------------------------------------------------------- scores at T > 0
-def processed_reference_supertree(drafter, target, block, width, depth, temperature, top_p):
-    """`reference_supertree` with every corrected distribution processed by the sampler's own rule
-    (dartree.sampling.processed_probs over the C candidates): path score = log of the product of the
-    processed probabilities along the path (a probability of 0 counts as OUTSIDE_NUCLEUS)."""
+def processed_log_probs_by_the_sampler(temperature, top_p):
+    """The sampler's own rule (dartree.sampling.processed_probs) over the C candidates, as logs: a path score is
+    then the log of the product of the processed probabilities along the path (0 counts as OUTSIDE_NUCLEUS)."""
     from dartree.sampling import processed_probs
     from dartree.tree import OUTSIDE_NUCLEUS
 
-    draft = block.draft
-    frontier = [((), 0.0)]
-    levels = []
-    for d in range(1, depth + 1):
-        cands = []
-        for path, score in frontier:
-            tokens = torch.cat([draft.anchor.reshape(1), torch.tensor(path, dtype=torch.long)]).long()
-            state = drafter.gru_scan(target.embed(tokens)[None])[0, -1:]
-            columns = draft.cand_tokens[d - 1]
-            residual = drafter.correction(block.hidden[d - 1][None], state, columns)[0]
-            probs = processed_probs((draft.cand_base_logits[d - 1] + residual)[None], temperature, top_p)[0]
-            for c in range(draft.num_candidates):
-                p = float(probs[c])
-                cands.append((path + (int(columns[c]),), score + (math.log(p) if p > 0 else OUTSIDE_NUCLEUS)))
-        cands.sort(key=lambda x: -x[1])
-        frontier = cands[:width]
-        levels.append(frontier)
-    return levels
+    def log_probs(logits):
+        probs = processed_probs(logits[None], temperature, top_p)[0]
+        return torch.where(probs > 0, probs.log(), torch.tensor(OUTSIDE_NUCLEUS))
+
+    return log_probs
 
 
 @pytest.mark.parametrize("temperature,top_p", [(0.8, 1.0), (0.5, 0.9), (1.3, 0.7)])
@@ -339,14 +331,9 @@ def test_processed_scores_equal_the_product_of_processed_probabilities(models, t
                                    score_temperature=temperature, top_p=top_p)
         builder.run()
         tree = builder.tree()
-        levels = processed_reference_supertree(drafter, target, block, 3, 4, temperature, top_p)
-    for d, level in enumerate(levels, start=1):
-        nodes = (tree.depths == d).nonzero().squeeze(-1).tolist()
-        got = {path_tokens(tree, n): float(tree.scores[n]) for n in nodes}
-        want = dict(level)
-        assert set(got) == set(want)
-        for key in want:
-            assert math.isclose(got[key], want[key], abs_tol=1e-3)
+        by_the_sampler = processed_log_probs_by_the_sampler(temperature, top_p)
+        levels = reference_supertree(drafter, target, block, 3, 4, by_the_sampler)
+    assert_levels_match(tree, levels, 1e-3)
 
 
 def test_scores_at_temperature_zero_are_bit_identical_to_the_drafted_ones(models):
