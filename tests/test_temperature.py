@@ -67,3 +67,12 @@ def test_an_auto_budget_calibration_serves_its_temperature_band_only(tmp_path):
     assert policy_for(target, data["drafter"], hot, 0.8).rates[-1] == 0.5 * data["rates"][-1]
     with pytest.raises(UserError, match="temperature 0.9"):
         policy_for(target, data["drafter"], hot, 0.0)
+
+
+def test_the_verify_caption_explains_why_sampling_accepts_less():
+    from dartree.ui.narrate import sampling_note
+
+    assert sampling_note(DecodeSettings(temperature=0.0).resolved("cpu")) == ""
+    note = sampling_note(DecodeSettings(temperature=0.8).resolved("cpu"))
+    assert "draws one from its own distribution" in note and "fewer tokens are accepted" in note
+    assert f"temperature {score_temperature(0.8):g}" in note  # the scores' own temperature is named
