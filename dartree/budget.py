@@ -20,6 +20,15 @@ DARTree's fixed B verifies the same number of nodes every round, however confide
 
 The choice is one small batched computation over the sorted scores; reading n back is the one
 extra host sync a round in auto mode makes.
+
+One calibration per temperature band (dartree.defaults.TEMPERATURE_BANDS; `policy_for` refuses a file of
+another band). At T > 0 a node is on the path only when the target's draws land on it, so the same score
+is worth less: W = 12 supertrees replayed on the first 8 train prompts, 64 tokens, seed 0, scores at T
+(`python scripts/temperature_scores.py --prompt-file ../shared/data/train_prompts.jsonl --limit 8
+--temperatures 0,0.8 --seeds 0 --max-new-tokens 64 --calibration-width 12`,
+assets/benchmarks/temperature/calibration.json), P(on path) in the score bins (-2.5, -2], (-2, -1.5],
+(-1.5, -1], (-1, -0.5], above -0.5: T = 0: 0.074 0.109 0.281 0.507 0.813; T = 0.8: 0.039 0.064 0.067 0.281
+0.602. The shipped policy is the greedy one; `sweep --temperature T --calibrate-out FILE` makes a band's.
 """
 
 from __future__ import annotations
@@ -141,7 +150,7 @@ def policy_for(target, drafter_name: str, path: Path | None = None, temperature:
     (T = 0); anything else needs its own (`python -m dartree sweep [--temperature T] --calibrate-out FILE`),
     since the acceptance rates change with the models and the temperature, and the cost curve with the
     machine. A file records the temperature it was calibrated at (absent: 0), and serves its band of
-    dartree.defaults.TEMPERATURE_BANDS: P(on path | score) is not the same at T > 0 (CALIBRATION_BY_BAND).
+    dartree.defaults.TEMPERATURE_BANDS: P(on path | score) is not the same at T > 0 (the module docstring).
     """
     path = Path(path) if path is not None else SHIPPED_POLICY
     key = (str(path), target.name, drafter_name, target.device.type, temperature_band(temperature))

@@ -144,15 +144,16 @@ def child_log_probs(draft: Draft, depth: int, residual: torch.Tensor | None, tem
 
     `temperature` > 0 processes those log-probs as the target's sampler processes its logits
     (`processed_log_probs`: temperature, then top-p); 0 leaves them exactly as they are (greedy decoding).
-    Why: at T > 0 the walk draws the target's token at a node from its processed distribution p_T and
-    moves to the child carrying it, so a child is reached with probability p_T(child | parent's path)
-    times the parent's, and a deterministic tree's expected accepted length is the sum over its nodes of
-    the product of p_T along each node's path. The path score (a sum of log-probs) is the log of that
-    product when each log-prob estimates log p_T, so the global top-W and the top-B cut maximise the
-    expected accepted length. The drafter was trained on greedy labels: its probabilities estimate
-    P(argmax = token), sharper than the target's own p_1, so its logits need their own temperature to
-    estimate p_T; the settings' `score_temperature` is that temperature (dartree.defaults.score_temperature:
-    the measured rule per target temperature).
+    Derivation: at T > 0 the walk draws the target's token at a node from its processed distribution p_T
+    and moves to the child carrying it, so a child is reached with probability p_T(child | its path) times
+    its parent's chance, and a deterministic tree's expected accepted length is the sum over its nodes of
+    the product of p_T along each node's path. A path score, a sum of log-probs, is the log of that product
+    when each log-prob estimates log p_T, so the global top-W and the top-B cut then maximise the expected
+    accepted length. The drafter learnt greedy labels, so its corrected probabilities q estimate
+    P(argmax = token), sharper than the target's p_1: if q ~ p_1^k, then p_T ~ q^(1 / (k T)), a temperature
+    of k T applied to the drafter's log-probs. Measured by τ on sampled continuations of train prompts
+    (dartree.defaults, SCORE_TEMPERATURE_SCALE), k = 1.5 beats both the drafted scores (k = 1 at T = 1) and
+    the target's own T (k = 1), so the settings' `score_temperature` is 1.5 T (dartree.defaults.score_temperature).
     """
     if residual is None:
         lp = draft.cand_marginal_lp[depth - 1]

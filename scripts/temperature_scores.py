@@ -13,6 +13,10 @@ With --calibration-width W it instead prints, per T (0 included), P(node on the 
 of W-wide supertrees at the default scores (dartree.budget.calibrate, what `--budget auto` reads), to see
 whether one calibration serves every temperature.
 
+With --predict RESULTS.json --costs SWEEP.json it reads the rows of an earlier run instead and adds each
+one's speedup over plain decoding **predicted** from a committed cost curve (dartree.sweep.committed_costs:
+t_draft + t_verify(nodes + 1) + t_commit + the shape's tree time, nodes = B, or the depth for a chain).
+
 Prints, per T and configuration, τ per score temperature (per seed and overall) and its mean paired
 difference from "none" over (prompt, seed) with the standard error; --out writes the rows as JSON.
 Train prompts only (rows below 18,515 of train_prompts.jsonl): never tune on dev.
@@ -45,7 +49,7 @@ def score_temperature(spec: str, temperature: float) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompt-file", required=True)
+    ap.add_argument("--prompt-file", help="a JSONL of train prompts (required unless --predict)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--temperatures", default="0.8,1.0")
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -55,10 +59,16 @@ def main() -> int:
     ap.add_argument("--scores", default="none,x1")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--calibration-width", type=int, default=None)
+    ap.add_argument("--predict", default=None, metavar="RESULTS_JSON")
+    ap.add_argument("--costs", default="assets/benchmarks/sweep-cpu.json")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.predict:
+        return predict(args.predict, args.costs)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if not args.prompt_file:
+        ap.error("--prompt-file is required (train prompts only)")
     prompts = read_prompt_file(args.prompt_file, args.limit)
     models = load_models()
     configs = [c for c in parse_configs(args.configs) if c.method != "ar"]
@@ -99,6 +109,25 @@ def main() -> int:
                       f"± {se:.4f} (SE, {len(diffs)} pairs)", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    return 0
+
+
+def predict(path: str, costs_path: str) -> int:
+    """Each row of a results file with its speedup predicted from the committed cost curve."""
+    from dartree.replay import interpolate_verify
+    from dartree.sweep import committed_costs
+
+    costs = committed_costs(costs_path)
+    t_ar = interpolate_verify(costs, 1) + costs.get("ar_commit_seconds", 0.0)
+    for row in json.loads(Path(path).read_text())["rows"]:
+        cfg = parse_configs(row["config"].replace(" ", ":"))[-1]
+        s = cfg.settings(DecodeSettings(temperature=row["temperature"])).resolved("cpu")
+        nodes = s.depth or 7 if cfg.method == "chain" else s.budget  # the shipped drafter: D = 7
+        key = f"{cfg.method}:W={cfg.width}:B={cfg.budget}"
+        tree = costs["tree_seconds"].get(key, costs["tree_seconds"].get(f"dartree:W={cfg.width}:B=8", 0.0))
+        seconds = costs["draft_seconds"] + interpolate_verify(costs, nodes + 1) + costs.get("commit_seconds", 0.0) + tree
+        print(f"T={row['temperature']:g} {row['config']:<28} scores={row['scores']:<6} tau {row['tau']:.4f} "
+              f"round {1e3 * seconds:.2f} ms (tree {1e3 * tree:.2f}) predicted speedup {row['tau'] * t_ar / seconds:.3f}")
     return 0
 
 
