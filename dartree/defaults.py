@@ -61,13 +61,21 @@ RETRIEVAL_PRIOR_WEIGHT = 4.0
 #   T = 0.8: drafted scores τ 1.9890 | processed at T (x1) 1.9642 (-0.011 ± 0.016 SE, 32 paired runs) |
 #            at 1.5 T (x1.5) 2.0208 (+0.031 ± 0.010); per seed 2.0861 / 1.9070, 2.0753 / 1.8716, 2.1301 / 1.9294
 #   T = 1.0: drafted = at T 1.6542 | at 1.5 T 1.6769 (+0.018 ± 0.010); per seed 1.6873 / 1.6223, 1.7212 / 1.6347
+# Flatter still loses at T = 0.8 (`... --scores x1.5,x2,x2.5`, scales-T0.8.json): 2 T τ 2.0096 (-0.030 ± 0.016
+# against 1.5 T), 2.5 T 1.9858 (-0.073 ± 0.033). Predicted speedups (`--predict` below) of W = 4, B = 8 at T = 0.8:
+# drafted scores 1.402x, at T 1.385x, at 1.5 T 1.425x.
 # Shapes at T = 0.8 (scores at T; `... --scores x1 --configs dartree:W=4:B=8,dartree:W=4:B=8:bonus=0,...,chain`,
 # shapes-T0.8.json), speedups PREDICTED from the committed cost curve (`python scripts/temperature_scores.py
 # --predict assets/benchmarks/temperature/shapes-T0.8.json --costs assets/benchmarks/sweep-cpu.json`):
 #   W = 4, B = 8, bonus -0.2 / -0.1 / 0: τ 1.9642 / 1.9520 / 1.9341, 1.385x / 1.376x / 1.364x | W = 4, B = 4: 1.8106,
 #   1.361x | W = 4, B = 16: 2.0825, 1.233x | W = 8, B = 16: 2.1139, 1.244x | chain: 1.7170, 1.233x
-# so the greedy shape (W = 4, B = 8, bonus -0.2) stays the best measured at T = 0.8 and the bands hold no
-# overrides yet; the lead's quiet-machine bench per temperature confirms or replaces them.
+# Shapes at T = 1.0 (scores at 1.5 T, `... --temperatures 1.0 --scores x1.5 --configs dartree:W=4:B=8,
+# dartree:W=4:B=4,dartree:W=8:B=16,chain`, shapes-T1.0.json, predicted as above): W = 4, B = 8: τ 1.6769, 1.182x |
+# W = 4, B = 4: 1.5896, 1.195x (verify of 5 nodes interpolated, not measured) | W = 8, B = 16: 1.8056, 1.063x |
+# chain: 1.4618, 1.050x.
+# So the greedy shape (W = 4, B = 8, bonus -0.2) stays the best measured at T = 0.8; at T = 1.0, B = 4 is
+# predicted 1 % faster, inside the noise, so the bands hold no overrides yet: the quiet-machine bench per
+# temperature (docs/speed.md) confirms or replaces them.
 TEMPERATURE_BANDS = (0.0, 0.65, 2.0)  # 2.0: the engine's MAX_TEMPERATURE
 CPU_SAMPLING_SHAPES = ({}, {}, {})  # per band: the fields that differ from CPU_DEFAULTS
 SCORE_TEMPERATURE_SCALE = 1.5  # score temperature / decoding temperature (the k of dartree.tree.child_log_probs)
