@@ -62,7 +62,8 @@ RETRIEVAL_PRIOR_WEIGHT = 4.0
 #            at 1.5 T (x1.5) 2.0208 (+0.031 ± 0.010); per seed 2.0861 / 1.9070, 2.0753 / 1.8716, 2.1301 / 1.9294
 #   T = 1.0: drafted = at T 1.6542 | at 1.5 T 1.6769 (+0.018 ± 0.010); per seed 1.6873 / 1.6223, 1.7212 / 1.6347
 # Flatter still loses at T = 0.8 (`... --scores x1.5,x2,x2.5`, scales-T0.8.json): 2 T τ 2.0096 (-0.030 ± 0.016
-# against 1.5 T), 2.5 T 1.9858 (-0.073 ± 0.033). Predicted speedups (`--predict` below) of W = 4, B = 8 at T = 0.8:
+# against 1.5 T), 2.5 T 1.9858 (-0.073 ± 0.033); at T = 1.0, seed 0 only (`--temperatures 1.0 --seeds 0 --scores
+# x1.5,x2`, scales-T1.0.json): 1.5 T 1.7212, 2 T 1.7166 (-0.008 ± 0.011, 16 runs). Predicted speedups (`--predict` below) of W = 4, B = 8 at T = 0.8:
 # drafted scores 1.402x, at T 1.385x, at 1.5 T 1.425x.
 # Shapes at T = 0.8 (scores at T; `... --scores x1 --configs dartree:W=4:B=8,dartree:W=4:B=8:bonus=0,...,chain`,
 # shapes-T0.8.json), speedups PREDICTED from the committed cost curve (`python scripts/temperature_scores.py
