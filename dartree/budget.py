@@ -20,6 +20,15 @@ DARTree's fixed B verifies the same number of nodes every round, however confide
 
 The choice is one small batched computation over the sorted scores; reading n back is the one
 extra host sync a round in auto mode makes.
+
+One calibration per temperature band (dartree.defaults.TEMPERATURE_BANDS; `policy_for` refuses a file of
+another band). At T > 0 a node is on the path only when the target's draws land on it, so the same score
+is worth less: W = 12 supertrees replayed on the first 8 train prompts, 64 tokens, seed 0, scores at T
+(`python scripts/temperature_scores.py --prompt-file ../shared/data/train_prompts.jsonl --limit 8
+--temperatures 0,0.8 --seeds 0 --max-new-tokens 64 --calibration-width 12`,
+assets/benchmarks/temperature/calibration.json), P(on path) in the score bins (-2.5, -2], (-2, -1.5],
+(-1.5, -1], (-1, -0.5], above -0.5: T = 0: 0.074 0.109 0.281 0.507 0.813; T = 0.8: 0.039 0.064 0.067 0.281
+0.602. The shipped policy is the greedy one; `sweep --temperature T --calibrate-out FILE` makes a band's.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import numpy as np
 import torch
 from scipy.optimize import isotonic_regression
 
-from .defaults import default_shape
+from .defaults import default_shape, temperature_band
 from .errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -134,15 +143,17 @@ class AutoBudget:
 _POLICIES: dict = {}
 
 
-def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudget:
-    """The auto-budget policy for these models on this kind of device, loaded once per process.
+def policy_for(target, drafter_name: str, path: Path | None = None, temperature: float = 0.0) -> AutoBudget:
+    """The auto-budget policy for these models on this kind of device and temperature band, loaded once per process.
 
-    The shipped calibration belongs to the embedded target, the shipped drafter and a CPU; anything
-    else needs its own (`python -m dartree sweep --calibrate-out FILE`), since both the acceptance
-    rates and the cost curve change with the models and the machine.
+    The shipped calibration belongs to the embedded target, the shipped drafter, a CPU and greedy decoding
+    (T = 0); anything else needs its own (`python -m dartree sweep [--temperature T] --calibrate-out FILE`),
+    since the acceptance rates change with the models and the temperature, and the cost curve with the
+    machine. A file records the temperature it was calibrated at (absent: 0), and serves its band of
+    dartree.defaults.TEMPERATURE_BANDS: P(on path | score) is not the same at T > 0 (the module docstring).
     """
     path = Path(path) if path is not None else SHIPPED_POLICY
-    key = (str(path), target.name, drafter_name, target.device.type)
+    key = (str(path), target.name, drafter_name, target.device.type, temperature_band(temperature))
     if key in _POLICIES:
         return _POLICIES[key]
     if not path.is_file():
@@ -154,17 +165,22 @@ def policy_for(target, drafter_name: str, path: Path | None = None) -> AutoBudge
         if data.get(k) != v:
             raise UserError(f"--budget auto: {path} was calibrated for {k} {data.get(k)!r}, not {v!r}; "
                             "make one for these models with `python -m dartree sweep --calibrate-out FILE`")
+    calibrated = float(data.get("temperature", 0.0))
+    if temperature_band(calibrated) != temperature_band(temperature):
+        raise UserError(f"--budget auto: {path} was calibrated at temperature {calibrated:g}, outside the band of "
+                        f"{temperature:g} (dartree.defaults.TEMPERATURE_BANDS); make one with `python -m dartree "
+                        f"sweep --temperature {temperature:g} --calibrate-out FILE`")
     _POLICIES[key] = AutoBudget.load(path)
     return _POLICIES[key]
 
 
-def shape_for(models) -> dict:
-    """`default_shape` of the models' device, with the auto budget kept only where a calibrated policy
-    fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
-    shape = default_shape(models.target.device.type)
+def shape_for(models, temperature: float = 0.0) -> dict:
+    """`default_shape` of the models' device at this temperature, with the auto budget kept only where a
+    calibrated policy fits these models: another drafter or a GPU falls back to its fixed B instead of an error."""
+    shape = default_shape(models.target.device.type, temperature)
     if shape.get("auto_budget"):
         try:
-            policy_for(models.target, models.drafter_name)
+            policy_for(models.target, models.drafter_name, temperature=temperature)
         except UserError:
             shape["auto_budget"] = False
     return shape

@@ -148,10 +148,10 @@ def _set_threads(n):
         torch.set_num_threads(n)
 
 
-def _budget_policy(models, path):
+def _budget_policy(models, path, temperature: float = 0.0):
     from .budget import policy_for
 
-    return policy_for(models.target, models.drafter_name, path)
+    return policy_for(models.target, models.drafter_name, path, temperature)
 
 
 def _check_retrieval(args) -> None:
@@ -178,7 +178,7 @@ def cmd_generate(args) -> int:
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
     # unset W, B, C, bonus: DecodeSettings resolves the device's defaults (dartree.defaults), the auto
     # budget included where it is the default and a calibrated policy fits these models (shape_for)
-    auto = args.budget == "auto" or (args.budget is None and shape_for(models).get("auto_budget")
+    auto = args.budget == "auto" or (args.budget is None and shape_for(models, args.temperature).get("auto_budget")
                                      and REGISTRY[args.method].auto_budget)
     settings = DecodeSettings(method=args.method, width=args.width,
                               budget=None if args.budget in (None, "auto") else args.budget,
@@ -187,7 +187,7 @@ def cmd_generate(args) -> int:
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               max_new_tokens=args.max_new_tokens, depth_bonus=args.depth_bonus,
                               retrieval=args.retrieval)
-    policy = _budget_policy(models, None) if auto else None
+    policy = _budget_policy(models, None, args.temperature) if auto else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     for i, prompt in enumerate(prompts):
@@ -209,7 +209,7 @@ def _grid(args, models):
     from .bench import bench_configs, parse_configs
     from .engine import DecodeSettings
 
-    shape = default_shape(models.target.device.type)  # the grid's default W and B
+    shape = default_shape(models.target.device.type, args.temperature)  # the grid's default W and B
     if getattr(args, "best_of", None):
         from .sweep import best_configs
 
@@ -276,7 +276,7 @@ def cmd_bench(args) -> int:
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter, args.device, args.dtype)
     configs, base = _grid(args, models)
-    policy = _budget_policy(models, args.budget_policy) if any(c.auto for c in configs) else None
+    policy = _budget_policy(models, args.budget_policy, args.temperature) if any(c.auto for c in configs) else None
     print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
     results = run_bench(models, prompts, configs, base, progress=not args.no_progress, budget_policy=policy,
                         sources=[source for _, source in rows])

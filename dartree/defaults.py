@@ -21,12 +21,15 @@ AUTO_BUDGET_CAP = 256  # the most nodes an automatic budget may verify (the cost
 GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
 
 
-def default_shape(device_type: str) -> dict:
-    """The measured best shape for this CPU; the DARTree reference's GPU defaults on CUDA.
+def default_shape(device_type: str, temperature: float = 0.0) -> dict:
+    """The measured best shape for this CPU at this decoding temperature; the DARTree reference's GPU
+    defaults on CUDA.
 
     The one source of defaults: `DecodeSettings` resolves its unset fields from it (dartree.engine), and
     the CLI and the app take it through `dartree.budget.shape_for` (which also checks the auto budget)."""
-    return dict(GPU_DEFAULTS if device_type == "cuda" else CPU_DEFAULTS)
+    if device_type == "cuda":
+        return dict(GPU_DEFAULTS)
+    return {**CPU_DEFAULTS, **CPU_SAMPLING_SHAPES[temperature_band(temperature)]}
 
 # Retrieval branches (dartree.retrieval): on by default, context n-grams (`--retrieval ngram`; `none` turns them
 # off). Measured in one interleaved bench per prompt set (fp32, dartree W = 4, B = 8, bonus -0.2, 30 prompts x
@@ -53,3 +56,44 @@ def default_shape(device_type: str) -> dict:
 RETRIEVAL_DEFAULT = "ngram"
 RETRIEVAL_PRIORS = {"ngram": (0.33, 0.6, 0.7, 0.93), "table": (0.49, 0.14, 0.13, 0.09), "table_chain": 0.78}
 RETRIEVAL_PRIOR_WEIGHT = 4.0
+
+# Sampling (T > 0, issue #24). The walk accepts a child when the target's draw from its processed distribution
+# (temperature, top-p) lands on it, so fewer nodes are accepted than at T = 0 and the scores that rank them
+# change: they are processed at `score_temperature(T)` (dartree.tree.child_log_probs: the derivation), and the
+# shape has a temperature axis, one entry per band of TEMPERATURE_BANDS (upper bounds; T = 0 is greedy).
+# Measured by τ replayed on sampled continuations (dartree.replay), the first 16 train prompts (the trainer's
+# held-out slice), 96 tokens, seeds 0 and 1, dartree W = 4, B = 8, bonus -0.2 (`python scripts/temperature_scores.py
+# --prompt-file ../shared/data/train_prompts.jsonl --limit 16 --temperatures 0.8 --seeds 0,1 --max-new-tokens 96
+# --configs dartree:W=4:B=8 --scores none,x1,x1.5`, and --temperatures 1.0; assets/benchmarks/temperature/):
+#   T = 0.8: drafted scores τ 1.9890 | processed at T (x1) 1.9642 (-0.011 ± 0.016 SE, 32 paired runs) |
+#            at 1.5 T (x1.5) 2.0208 (+0.031 ± 0.010); per seed 2.0861 / 1.9070, 2.0753 / 1.8716, 2.1301 / 1.9294
+#   T = 1.0: drafted = at T 1.6542 | at 1.5 T 1.6769 (+0.018 ± 0.010); per seed 1.6873 / 1.6223, 1.7212 / 1.6347
+# Flatter still loses at T = 0.8 (`... --scores x1.5,x2,x2.5`, scales-T0.8.json): 2 T τ 2.0096 (-0.030 ± 0.016
+# against 1.5 T), 2.5 T 1.9858 (-0.073 ± 0.033); at T = 1.0, seed 0 only (`--temperatures 1.0 --seeds 0 --scores
+# x1.5,x2`, scales-T1.0.json): 1.5 T 1.7212, 2 T 1.7166 (-0.008 ± 0.011, 16 runs). Predicted speedups (`--predict` below) of W = 4, B = 8 at T = 0.8:
+# drafted scores 1.402x, at T 1.385x, at 1.5 T 1.425x.
+# Shapes at T = 0.8 (scores at T; `... --scores x1 --configs dartree:W=4:B=8,dartree:W=4:B=8:bonus=0,...,chain`,
+# shapes-T0.8.json), speedups PREDICTED from the committed cost curve (`python scripts/temperature_scores.py
+# --predict assets/benchmarks/temperature/shapes-T0.8.json --costs assets/benchmarks/sweep-cpu.json`):
+#   W = 4, B = 8, bonus -0.2 / -0.1 / 0: τ 1.9642 / 1.9520 / 1.9341, 1.385x / 1.376x / 1.364x | W = 4, B = 4: 1.8106,
+#   1.361x | W = 4, B = 16: 2.0825, 1.233x | W = 8, B = 16: 2.1139, 1.244x | chain: 1.7170, 1.233x
+# Shapes at T = 1.0 (scores at 1.5 T, `... --temperatures 1.0 --scores x1.5 --configs dartree:W=4:B=8,
+# dartree:W=4:B=4,dartree:W=8:B=16,chain`, shapes-T1.0.json, predicted as above): W = 4, B = 8: τ 1.6769, 1.182x |
+# W = 4, B = 4: 1.5896, 1.195x (verify of 5 nodes interpolated, not measured) | W = 8, B = 16: 1.8056, 1.063x |
+# chain: 1.4618, 1.050x.
+# So the greedy shape (W = 4, B = 8, bonus -0.2) stays the best measured at T = 0.8; at T = 1.0, B = 4 is
+# predicted 1 % faster, inside the noise, so the bands hold no overrides yet: the quiet-machine bench per
+# temperature (docs/speed.md) confirms or replaces them.
+TEMPERATURE_BANDS = (0.0, 0.65, 2.0)  # 2.0: the engine's MAX_TEMPERATURE
+CPU_SAMPLING_SHAPES = ({}, {}, {})  # per band: the fields that differ from CPU_DEFAULTS
+SCORE_TEMPERATURE_SCALE = 1.5  # score temperature / decoding temperature (the k of dartree.tree.child_log_probs)
+
+
+def temperature_band(temperature: float) -> int:
+    """Index of the band of TEMPERATURE_BANDS that holds `temperature` (0: greedy)."""
+    return next((i for i, upper in enumerate(TEMPERATURE_BANDS) if temperature <= upper), len(TEMPERATURE_BANDS) - 1)
+
+
+def score_temperature(temperature: float) -> float:
+    """The temperature the tree's scores are processed at when decoding at `temperature` (0: as drafted)."""
+    return 0.0 if temperature <= 0 else SCORE_TEMPERATURE_SCALE * temperature

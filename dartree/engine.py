@@ -23,7 +23,7 @@ import torch
 from . import METHODS, TREE_METHODS
 from .cache import compact_cache, new_cache
 from .defaults import (AUTO_BUDGET_CAP, RETRIEVAL_DEFAULT, RETRIEVAL_PRIOR_WEIGHT, RETRIEVAL_PRIORS,
-                       default_shape)
+                       default_shape, score_temperature)
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
 from .methods import METHODS as REGISTRY
@@ -68,12 +68,15 @@ class DecodeSettings:
     # retrieved branches (dartree.retrieval) for the methods that take them (dartree.methods: `retrieval`):
     # none, ngram, table or both; None: dartree.defaults.RETRIEVAL_DEFAULT. Other methods resolve it to none.
     retrieval: str | None = None
+    # the temperature the tree's scores are processed at (dartree.tree.child_log_probs): 0 leaves them as
+    # drafted (greedy); None: dartree.defaults.score_temperature of the decoding temperature
+    score_temperature: float | None = None
 
     def resolved(self, device_type: str = "cpu", policy_given: bool = False) -> "DecodeSettings":
         """Unset tree-shape fields filled with the device's measured defaults (dartree.defaults)."""
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        shape = default_shape(device_type)
+        shape = default_shape(device_type, self.temperature)
         auto = self.auto_budget
         if auto is None:
             auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
@@ -83,7 +86,8 @@ class DecodeSettings:
         if retrieval not in RETRIEVAL_MODES:
             raise UserError(f"unknown retrieval {retrieval!r}: choose one of {', '.join(RETRIEVAL_MODES)}")
         retrieval = retrieval if REGISTRY[self.method].retrieval else "none"
-        return replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, **unset)
+        scoring = score_temperature(self.temperature) if self.score_temperature is None else self.score_temperature
+        return replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, score_temperature=scoring, **unset)
 
     def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
                   policy_given: bool = False) -> "DecodeSettings":
@@ -99,6 +103,8 @@ class DecodeSettings:
             (0.0 <= s.temperature <= MAX_TEMPERATURE,
              f"temperature must be between 0 and {MAX_TEMPERATURE}, got {s.temperature}"),
             (0.0 < s.top_p <= 1.0, f"top-p must be in (0, 1], got {s.top_p}"),
+            (0.0 <= s.score_temperature <= MAX_TEMPERATURE,
+             f"score temperature must be between 0 and {MAX_TEMPERATURE}, got {s.score_temperature}"),
             (MIN_DEPTH_BONUS <= s.depth_bonus <= 0.0,
              f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {s.depth_bonus}"),
             (not s.auto_budget or REGISTRY[s.method].auto_budget,

@@ -34,7 +34,8 @@ class Method:
 
 
 def _depthwise(schedule):
-    return lambda s, draft, corrector, cut_bonus: DepthwiseBuilder(draft, corrector, schedule(s), s.depth, cut_bonus)
+    return lambda s, draft, corrector, cut_bonus: DepthwiseBuilder(draft, corrector, schedule(s), s.depth, cut_bonus,
+                                                                   s.score_temperature, s.top_p)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -42,7 +43,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("chain", "chain", "one path, the best corrected child at each depth (DFlash / Domino chain)",
            _depthwise(lambda s: width_schedule(1)), depth_caption="kept the single best child (a chain)"),
     Method("ddtree", "DDTree", "DDTree's best-first heap over the uncorrected marginals, B nodes",
-           lambda s, draft, corrector, cut_bonus: HeapBuilder(draft, s.budget, s.depth), knobs=("B",),
+           lambda s, draft, corrector, cut_bonus: HeapBuilder(draft, s.budget, s.depth, s.score_temperature, s.top_p),
+           knobs=("B",),
            whole_vocab_siblings=True),
     Method("dartree-fixed", "DARTree fixed", "corrected depth-batched expansion, a per-depth quota summing to B",
            _depthwise(lambda s: fixed_quota_schedule(s.budget, s.depth)), knobs=("B",), in_race=False,

@@ -9,12 +9,22 @@ drafter block per position (shared by all configurations) give every configurati
 exactly as the decoder would run them, up to floating-point noise in the features. The builders
 are the engine's own (`build_round_tree`), so the replay cannot drift from what the engine does.
 
+At T > 0 the same replay holds in distribution, on a continuation sampled by plain decoding at the
+settings' temperature and top-p. The walk draws the target's token at the root from its processed
+distribution, moves to the child carrying it, draws again there, and so on: that is plain sampling of
+the continuation, one token at a time, followed down the tree for as long as the tree spells it. So
+"the longest tree path that spells a sampled continuation" has exactly the distribution of the accepted
+path, and the tokens committed (accepted + bonus) are the continuation's next ones. Every configuration
+is replayed on the same samples (common random numbers), so their τ differ by less noise than separate
+decodes would.
+
 Retrieval (dartree.retrieval): context n-grams are replayed too. Their proposals depend on the committed
-text alone and their scores on the acceptance counts of earlier rounds, which at T = 0 are the nodes on the
-greedy path (`matched_nodes`), so the replay runs the decoder's own `Retriever` beside the rounds. The
-successor table reads the target's logits at every verified node, which a replay of the greedy path does
-not have: configurations with it (`table`, `both`) are decoded instead (`decoded_rounds`), as exactly;
-they only cost a real decode each. `replay` refuses them rather than replay another mode than asked.
+text alone and their scores on the acceptance counts of earlier rounds, which are the nodes on the
+continuation's path (`matched_nodes`), so the replay runs the decoder's own `Retriever` beside the rounds.
+The successor table reads the target's logits at every verified node, which a replay of one continuation
+does not have: configurations with it (`table`, `both`) are decoded instead (`decoded_rounds`), their τ as
+exact (at T > 0: on their own sample); they only cost a real decode each. `replay` refuses them rather
+than replay another mode than asked.
 
 What a replay does not measure is the target's verify time: that comes from the measured cost
 curve (dartree.bench.cost_curve), so replayed speeds are predictions, reported as such, and the
@@ -42,7 +52,7 @@ class Continuation:
     """A prompt, its greedy continuation and everything a replayed round needs to know about it."""
 
     prompt_ids: list[int]
-    output_ids: list[int]  # greedy continuation (what every lossless method commits at T = 0)
+    output_ids: list[int]  # plain decoding's continuation (what every lossless method commits at T = 0; a sample at T > 0)
     context: DrafterContext  # drafter context K/V of every position of prompt + output
     blocks: dict = field(default_factory=dict)  # position -> BlockDraft
     draft_seconds: list = field(default_factory=list)
@@ -110,8 +120,8 @@ class ReplayRounds:
 @torch.inference_mode()
 def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_scores: bool = False,
            budget_policy=None) -> ReplayRounds:
-    """Rounds of one configuration on one continuation, as the decoder would run them at T = 0 (its
-    resolved retrieval included: none or ngram; see the module docstring for the table)."""
+    """Rounds of one configuration on one continuation, as the decoder would run them (at T > 0: on this
+    sample), its resolved retrieval included (none or ngram; see the module docstring for the table)."""
     s = settings.validated(drafter.max_depth, target.vocab_size, target.device.type, budget_policy is not None)
     if not replayable(s):
         raise ValueError(f"retrieval {s.retrieval!r} reads the target's logits at every verified node: "
@@ -156,10 +166,11 @@ def replayable(settings: DecodeSettings) -> bool:
 
 @torch.inference_mode()
 def decoded_rounds(target, drafter, cont: Continuation, settings: DecodeSettings) -> ReplayRounds:
-    """One configuration's rounds by real decoding (T = 0), for configurations a replay cannot reproduce."""
-    result = generate(target, drafter, cont.prompt_ids,
-                      replace(settings, temperature=0.0, max_new_tokens=len(cont.output_ids)))
-    if target.dtype == torch.float32 and result.token_ids != cont.output_ids:  # fp32, T = 0: exactly plain's
+    """One configuration's rounds by real decoding, for configurations a replay cannot reproduce (at T > 0 its
+    own sample, of the same distribution as the continuation's)."""
+    result = generate(target, drafter, cont.prompt_ids, replace(settings, max_new_tokens=len(cont.output_ids)))
+    exact = target.dtype == torch.float32 and settings.temperature == 0
+    if exact and result.token_ids != cont.output_ids:  # fp32, T = 0: exactly plain's
         raise RuntimeError(f"{settings.method} with retrieval {settings.retrieval!r} decoded other tokens than plain "
                            "decoding: retrieval broke the lossless guarantee")
     records = result.round_records
@@ -167,15 +178,19 @@ def decoded_rounds(target, drafter, cont: Continuation, settings: DecodeSettings
                         [r.seconds["tree"] for r in records])
 
 
-def greedy_outputs(models, prompts: list[str], max_new_tokens: int, progress=True) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, greedy continuation) per prompt, decoded by plain AR with the engine."""
+def plain_outputs(models, prompts: list[str], max_new_tokens: int, progress=True, temperature: float = 0.0,
+                  top_p: float = 1.0, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, continuation) per prompt, decoded by plain AR with the engine: greedy at T = 0, else
+    sampled (the temperature, top-p and seed of the settings being replayed)."""
     from tqdm import tqdm
 
     target = models.target
     pairs = []
-    for p in tqdm(prompts, desc="greedy continuations", disable=not progress, unit="prompt"):
+    settings = DecodeSettings(method="ar", max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed)
+    for p in tqdm(prompts, desc="plain continuations", disable=not progress, unit="prompt"):
         ids = target.chat_ids(p)
-        result = generate(target, None, ids, DecodeSettings(method="ar", max_new_tokens=max_new_tokens))
+        result = generate(target, None, ids, settings)
         pairs.append((ids, result.token_ids))
     return pairs
 

@@ -7,6 +7,7 @@ sample-and-match lossless: each token the walk commits is a draw from the target
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def processed_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
@@ -26,5 +27,36 @@ def next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
     """One token per row: the argmax at temperature 0, else one independent draw per row."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = processed_probs(logits, temperature, top_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return draw(processed_probs(logits, temperature, top_p), generator)
+
+
+DRAW_BLOCK = 256  # tokens per block of the two-level search in `draw`
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One independent draw per row of `probs` [N, V], by inverting the cumulative distribution in two levels:
+    a search over the block sums (DRAW_BLOCK tokens each), then one inside the block found, with one uniform
+    per row. Hand-written rather than torch.multinomial, which on a CPU costs ~250x more over a 49k vocabulary
+    (9 rows: 53 ms against 0.21 ms, one thread, a loaded machine: scripts/sampler_cost.py), as does one flat
+    cumulative sum of the whole vocabulary (22 ms): at T > 0 the walk draws at every tree node, so that cost
+    ate the speedup.
+
+    A token of probability 0 never comes out: its cumulative value equals the one before it and each search
+    returns the first index whose cumulative value exceeds the uniform; `_last_positive` guards the one place
+    where rounding could step past the last token of positive probability. Sums run in doubles.
+    """
+    n, v = probs.shape
+    blocks = F.pad(probs, (0, (-v) % DRAW_BLOCK)).view(n, -1, DRAW_BLOCK)  # [N, nb, K]
+    sums = blocks.sum(dim=-1, dtype=torch.float64)  # [N, nb]
+    cdf = sums.cumsum(dim=-1)
+    u = torch.rand(n, 1, dtype=torch.float64, device=probs.device, generator=generator) * cdf[:, -1:]  # [N, 1]
+    block = torch.minimum(torch.searchsorted(cdf, u, right=True), _last_positive(sums))  # [N, 1]
+    rest = u - (cdf - sums).gather(1, block)  # >= 0: the mass before the block is <= u
+    inside = blocks.gather(1, block[:, :, None].expand(n, 1, DRAW_BLOCK))[:, 0]  # [N, K]
+    column = torch.minimum(torch.searchsorted(inside.double().cumsum(dim=-1), rest, right=True), _last_positive(inside))
+    return (block * DRAW_BLOCK + column).squeeze(-1)
+
+
+def _last_positive(x: torch.Tensor) -> torch.Tensor:
+    """[N, 1] index of each row's last positive entry of x [N, K]."""
+    return x.shape[-1] - 1 - (x > 0).flip(-1).int().argmax(dim=-1, keepdim=True)

@@ -1,7 +1,8 @@
 """The (method, W, B) sweep: replayed acceptance for every configuration, speed from measured costs.
 
 `run_sweep` measures this machine's cost curve, decodes a greedy continuation per prompt, replays
-every configuration on those continuations (dartree.replay: exact τ at T = 0), optionally calibrates
+every configuration on those continuations (dartree.replay: exact τ at T = 0; at T > 0 on sampled
+continuations, τ of the right distribution), optionally calibrates
 the cost-aware budget on train prompts and replays it too, and times DARTree's batched tree build
 against a sequential corrected heap. The predicted speed of a configuration is its committed tokens
 over the sum of its rounds' costs (draft, tree, verify(nodes + 1), commit); `python -m dartree bench`
@@ -25,7 +26,7 @@ from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
 from .errors import UserError
 from .methods import METHODS
-from .replay import config_key, greedy_outputs, make_continuation, replay, replayable, sweep
+from .replay import config_key, make_continuation, plain_outputs, replay, replayable, sweep
 from .trace import STAGE_KEYS
 
 
@@ -50,11 +51,12 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
     target, drafter = models.target, models.drafter
     measure_here = costs is None
     costs = cost_curve(models, prompts[0]) if measure_here else costs
-    pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
+    pairs = plain_outputs(models, prompts, base.max_new_tokens, progress, base.temperature, base.top_p, base.seed)
     continuations = [make_continuation(target, drafter, ids, out) for ids, out in pairs]
     results = {"machine": machine_info(target), "drafter": models.drafter_description,
                "settings": {"max_new_tokens": base.max_new_tokens, "candidates": base.candidates, "depth": base.depth,
-                            "temperature": 0.0, "n_prompts": len(prompts)},
+                            "temperature": base.temperature, "top_p": base.top_p, "seed": base.seed,
+                            "n_prompts": len(prompts)},
                "cost_curve": costs}
     policy = None
     if calibration_prompts:
@@ -63,6 +65,7 @@ def run_sweep(models, prompts: list[str], configs: list[BenchConfig], base: Deco
         results["calibration"] = calibration
         if calibrate_out:
             policy.save(calibrate_out, extra={"target": target.name, "drafter": models.drafter_name,
+                                              "temperature": base.temperature,
                                               "device": target.device.type, **calibration})
         configs = list(configs) + [BenchConfig("dartree", w, "auto") for w in widths]
     rows = sweep(models, continuations, configs, base, costs, progress, policy)
@@ -94,7 +97,7 @@ def best_configs(rows: list[dict]) -> list[BenchConfig]:
 def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: dict, width: int, progress=True):
     """P(on path | score) from W-wide supertrees replayed on train prompts, and the policy it gives."""
     target, drafter = models.target, models.drafter
-    pairs = greedy_outputs(models, prompts, base.max_new_tokens, progress)
+    pairs = plain_outputs(models, prompts, base.max_new_tokens, progress, base.temperature, base.top_p, base.seed)
     settings = replace(base, method="dartree", width=width, budget=AUTO_BUDGET_CAP).resolved(target.device.type)
     if not replayable(settings):  # scores of the merged supertree with n-grams; the table needs real verifies
         raise UserError(f"the auto budget's calibration replays supertrees, and retrieval {settings.retrieval!r} "
@@ -172,8 +175,9 @@ def write_plot(results: dict, path) -> None:
     fig.add_trace(go.Scatter(x=ns, y=[curve["verify_seconds"][n if n in curve["verify_seconds"] else str(n)] / t_ar
                                       for n in ns], mode="lines+markers", name="t_verify / t_AR"), row=2, col=2)
     fig.update_xaxes(title_text="N tree tokens", type="log", row=2, col=2)
-    fig.update_layout(height=850, width=1150, title=f"DARTree sweep: {results['settings']['n_prompts']} dev prompts, "
-                      f"{results['settings']['max_new_tokens']} new tokens, T = 0 — {results['drafter']}")
+    s = results["settings"]
+    fig.update_layout(height=850, width=1150, title=f"DARTree sweep: {s['n_prompts']} prompts, {s['max_new_tokens']} "
+                      f"new tokens, T = {s.get('temperature', 0.0):g} — {results['drafter']}")
     fig.write_html(str(path), include_plotlyjs="cdn")
 
 
@@ -189,7 +193,8 @@ def card_section(results: dict, budgets=(16, 32, 64)) -> list[str]:
 
     costs = results["cost_curve"]
     s = results["settings"]
-    body = [f"Replayed on {s['n_prompts']} dev prompts, {s['max_new_tokens']} new tokens, T = 0, with the "
+    body = [f"Replayed on {s['n_prompts']} dev prompts, {s['max_new_tokens']} new tokens, "
+            f"T = {s.get('temperature', 0.0):g}, with the "
             f"command `{results.get('command', 'python -m dartree sweep')}`. τ = tokens committed per round "
             "(accepted + bonus). dartree: the best W for each B.", "",
             "| method | " + " | ".join(f"B = {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
@@ -227,8 +232,9 @@ def write_bench_plot(results: dict, path) -> None:
     for stage in STAGE_KEYS:
         fig.add_trace(go.Bar(x=labels, y=[100 * r["stage_share"][stage] for r in rows], name=stage), row=1, col=2)
     fig.update_layout(barmode="stack", height=520, width=1200,
-                      title=f"DARTree bench: {results['settings']['n_prompts']} dev prompts, "
-                            f"{results['settings']['max_new_tokens']} new tokens, T = 0 — {results['drafter']}")
+                      title=f"DARTree bench: {results['settings']['n_prompts']} prompts, "
+                            f"{results['settings']['max_new_tokens']} new tokens, "
+                            f"T = {results['settings'].get('temperature', 0.0):g} — {results['drafter']}")
     fig.update_yaxes(title_text="× plain decoding", row=1, col=1)
     fig.update_yaxes(title_text="% of round time", row=1, col=2)
     fig.write_html(str(path), include_plotlyjs="cdn")

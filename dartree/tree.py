@@ -132,17 +132,65 @@ class DepthExpansion:
     keep: int  # how many survived
 
 
-def child_log_probs(draft: Draft, depth: int, residual: torch.Tensor | None) -> torch.Tensor:
-    """Log-probs of depth `depth`'s C candidates under F paths ([F, C]; [C] without a residual).
+def child_log_probs(draft: Draft, depth: int, residual: torch.Tensor | None, temperature: float = 0.0,
+                    top_p: float = 1.0) -> torch.Tensor:
+    """Log-probs of depth `depth`'s C candidates under F paths ([F, C]; [C] without a residual): the one
+    scoring function of every tree builder.
 
     Where the head corrects (a residual [F, C]), the log-softmax of base + residual over the C candidates:
     the residual exists only on them. Where it does not (pure-draft depths, a drafter without a head), the
     full-vocabulary log-softmax of the base logits, as the reference scores them: normalised over the C
     candidates alone they would be inflated, and the cut would favour deeper nodes.
+
+    `temperature` > 0 processes those log-probs as the target's sampler processes its logits
+    (`processed_log_probs`: temperature, then top-p); 0 leaves them exactly as they are (greedy decoding).
+    Derivation: at T > 0 the walk draws the target's token at a node from its processed distribution p_T
+    and moves to the child carrying it, so a child is reached with probability p_T(child | its path) times
+    its parent's chance, and a deterministic tree's expected accepted length is the sum over its nodes of
+    the product of p_T along each node's path. A path score, a sum of log-probs, is the log of that product
+    when each log-prob estimates log p_T, so the global top-W and the top-B cut then maximise the expected
+    accepted length. The drafter learnt greedy labels, so its corrected probabilities q estimate
+    P(argmax = token), sharper than the target's p_1: if q ~ p_1^k, then p_T ~ q^(1 / (k T)), a temperature
+    of k T applied to the drafter's log-probs. Measured by τ on sampled continuations of train prompts
+    (dartree.defaults, SCORE_TEMPERATURE_SCALE), k = 1.5 beats both the drafted scores (k = 1 at T = 1) and
+    the target's own T (k = 1), so the settings' `score_temperature` is 1.5 T (dartree.defaults.score_temperature).
     """
     if residual is None:
-        return draft.cand_marginal_lp[depth - 1]
-    return torch.log_softmax(draft.cand_base_logits[depth - 1] + residual, dim=-1)
+        lp = draft.cand_marginal_lp[depth - 1]
+    else:
+        lp = torch.log_softmax(draft.cand_base_logits[depth - 1] + residual, dim=-1)
+    return lp if temperature <= 0 else processed_log_probs(lp, temperature, top_p)
+
+
+OUTSIDE_NUCLEUS = -1e4  # the log-prob given to a candidate top-p removes: finite, so scores stay printable
+
+
+def processed_log_probs(lp: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Candidate log-probs [..., C] after temperature, then top-p: `dartree.sampling.processed_probs` on the C
+    candidates, as logs.
+
+    p_T(x) = p(x)^(1/T) / sum_v p(v)^(1/T). The C candidates are the top C of their distribution; where
+    their probabilities do not sum to 1 (full-vocabulary marginals), the tokens beyond them are counted as
+    if each were as likely as the last candidate: the tail's mass m contributes m x p_C^(1/T - 1) to the
+    sum (exact at T = 1, and 0 where the candidates hold all the mass, as the head's corrected ones do).
+    Top-p keeps the candidates whose processed mass above them is below top_p and renormalises by the
+    nucleus mass, which is the kept candidates' mass when they close the nucleus and about top_p when
+    the nucleus runs on into the tail.
+    """
+    lp = lp.float()
+    tail_mass = (1.0 - lp.exp().sum(dim=-1, keepdim=True)).clamp(min=0.0)
+    last = lp.min(dim=-1, keepdim=True).values
+    tail = tail_mass.log() + last * (1.0 / temperature - 1.0)  # -inf without a tail
+    scaled = lp / temperature
+    out = scaled - torch.logsumexp(torch.cat([scaled, tail], dim=-1), dim=-1, keepdim=True)
+    if top_p >= 1.0:
+        return out
+    probs = out.exp()
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # processed mass strictly above each candidate
+    kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < top_p)
+    nucleus = torch.where(kept, probs, 0.0).sum(dim=-1, keepdim=True).clamp(min=top_p)
+    return torch.where(kept, out - nucleus.log(), OUTSIDE_NUCLEUS)
 
 
 def fixed_quota_schedule(budget: int, depth: int):
@@ -173,11 +221,13 @@ class DepthwiseBuilder:
     No host synchronisation happens inside a depth: keep counts are host ints.
     `cut_bonus` (dartree) makes `finish` cut the grown supertree to its best B by `prune_top_b` with
     that depth bonus; None keeps it whole (the keep schedule already respected the budget).
+    `score_temperature` and `top_p` process the log-probs for sampling (`child_log_probs`; 0: greedy).
     """
 
     def __init__(self, draft: Draft, corrector: Corrector, keep, depth: int | None = None,
-                 cut_bonus: float | None = None):
+                 cut_bonus: float | None = None, score_temperature: float = 0.0, top_p: float = 1.0):
         self.draft = draft
+        self.score_temperature, self.top_p = score_temperature, top_p
         self.cut_bonus = cut_bonus
         self.corrector = corrector
         self.keep = keep
@@ -205,7 +255,7 @@ class DepthwiseBuilder:
         n_frontier, n_cand = int(self.frontier.shape[0]), draft.num_candidates
         marginal = draft.cand_marginal_lp[d - 1].expand(n_frontier, n_cand)
         residual = self.corrector.residual(d, self.frontier_states)
-        corrected = child_log_probs(draft, d, residual).expand(n_frontier, n_cand)
+        corrected = child_log_probs(draft, d, residual, self.score_temperature, self.top_p).expand(n_frontier, n_cand)
         score = (self.frontier_scores[:, None] + corrected).reshape(-1)
         order = torch.sort(score, descending=True, stable=True).indices
         rank = torch.empty_like(order)
@@ -264,8 +314,10 @@ class HeapBuilder:
     the replay drive every method alike; its one step returns the Tree itself rather than a depth.
     """
 
-    def __init__(self, draft: Draft, budget: int, depth: int | None = None):
+    def __init__(self, draft: Draft, budget: int, depth: int | None = None, score_temperature: float = 0.0,
+                 top_p: float = 1.0):
         self.draft, self.budget, self.depth = draft, budget, depth
+        self.score_temperature, self.top_p = score_temperature, top_p
         self._tree: Tree | None = None
 
     @property
@@ -273,7 +325,7 @@ class HeapBuilder:
         return self._tree is not None
 
     def step(self) -> Tree:
-        self._tree = ddtree_heap(self.draft, self.budget, self.depth)
+        self._tree = ddtree_heap(self.draft, self.budget, self.depth, self.score_temperature, self.top_p)
         return self._tree
 
     def run(self) -> list[Tree]:
@@ -318,7 +370,8 @@ def prune_top_b(tree: Tree, budget: int, depth_bonus: float = 0.0) -> tuple[Tree
     return tree.subset(keep), keep
 
 
-def ddtree_heap(draft: Draft, budget: int, depth: int | None = None) -> Tree:
+def ddtree_heap(draft: Draft, budget: int, depth: int | None = None, score_temperature: float = 0.0,
+                top_p: float = 1.0) -> Tree:
     """DDTree: the exact top-`budget` nodes under path score = sum of marginal log-probs.
 
     The marginals do not depend on the path, so a node's best unexplored relatives are its next sibling
@@ -326,10 +379,13 @@ def ddtree_heap(draft: Draft, budget: int, depth: int | None = None) -> Tree:
     of those B times yields the exact best-B set, in an order where parents precede children. A best-B
     tree has at most B children per node, so siblings come from the top min(B, V) tokens of the whole
     vocabulary, as DDTree's own builder takes them (`Draft.ranked_siblings`: wider than C when B > C).
-    The heap runs on the host (one copy of the [D, S] marginals), as in the DDTree reference.
+    The heap runs on the host (one copy of the [D, S] marginals), as in the DDTree reference. At T > 0
+    the marginals are processed like every builder's scores (`processed_log_probs`, the sampler's rule).
     """
     depth = draft.depth if depth is None else min(depth, draft.depth)
     ranked_tokens, ranked_lp = draft.ranked_siblings()
+    if score_temperature > 0:
+        ranked_lp = processed_log_probs(ranked_lp, score_temperature, top_p)
     lp = ranked_lp[:depth].double().cpu().tolist()
     toks = ranked_tokens[:depth].cpu().tolist()
     n_cand = int(ranked_tokens.shape[1])

@@ -75,6 +75,7 @@ def test_first_tokens_follow_the_target_distribution(models, method):
     target, drafter = models
     settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
                               max_new_tokens=3)
+    assert settings.resolved().score_temperature > 0  # the trees are built with the sampling scores
     assert_follows_target(target, drafter, settings)
 
 
@@ -129,3 +130,37 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.allclose(processed_probs(logits, 1.0, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
     assert torch.allclose(processed_probs(logits, 1.0, 0.1), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
     assert torch.allclose(processed_probs(logits, 1.0, 1.0), torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+
+
+def test_draw_follows_its_distribution_and_never_draws_a_token_of_probability_zero():
+    """The two-level inverse-CDF draw against the exact probabilities: a vocabulary of several blocks (the last
+    one padded), zeros scattered through it and a whole zero tail (top-p's shape), chi-square per row."""
+    from dartree.sampling import DRAW_BLOCK, draw
+
+    g = torch.Generator().manual_seed(0)
+    vocab = 3 * DRAW_BLOCK + 37
+    probs = torch.rand(3, vocab, generator=g) ** 4
+    probs[:, ::3] = 0.0  # zeros inside every block
+    probs[1, DRAW_BLOCK:] = 0.0  # row 1: everything past the first block is 0
+    probs[2, :] = 0.0
+    probs[2, [5, vocab - 1]] = torch.tensor([0.25, 0.75])  # row 2: two tokens, one of them the very last
+    probs = probs / probs.sum(-1, keepdim=True)
+    n = 60000
+    counts = np.zeros((3, vocab))
+    for _ in range(n // 1000):
+        tokens = draw(probs.repeat_interleave(1000, dim=0), g).view(3, 1000)
+        for row in range(3):
+            counts[row] += np.bincount(tokens[row].numpy(), minlength=vocab)
+    assert (counts[probs.numpy() == 0] == 0).all()
+    for row in range(3):
+        assert pooled_chisquare(counts[row], probs[row].double().numpy()) > ALPHA
+
+
+def test_the_draw_check_rejects_another_distribution():
+    from dartree.sampling import draw
+
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(1, 300, generator=g), -1)
+    tokens = draw(probs.expand(20000, -1), g)
+    other = torch.softmax(torch.log(probs) / 0.8, -1)  # the same logits at another temperature
+    assert pooled_chisquare(np.bincount(tokens.numpy(), minlength=300), other[0].double().numpy()) < ALPHA

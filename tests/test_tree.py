@@ -35,8 +35,9 @@ def path_tokens(tree: Tree, node: int) -> tuple:
     return tuple(reversed(out))
 
 
-def reference_supertree(drafter, target, block, width, depth):
-    """Node by node: each node's GRU state is recomputed from its whole path, nothing is batched."""
+def reference_supertree(drafter, target, block, width, depth, log_probs=lambda logits: torch.log_softmax(logits, -1)):
+    """Node by node: each node's GRU state is recomputed from its whole path, nothing is batched; `log_probs`
+    turns a path's corrected logits over the C candidates into the log-probs its score adds."""
     draft = block.draft
     anchor_embed = target.embed(draft.anchor.reshape(1))
 
@@ -53,13 +54,24 @@ def reference_supertree(drafter, target, block, width, depth):
             z = block.hidden[d - 1]
             columns = draft.cand_tokens[d - 1]
             residual = drafter.correction(z[None], state_of(path), columns)[0]
-            lp = torch.log_softmax(draft.cand_base_logits[d - 1] + residual, -1)
+            lp = log_probs(draft.cand_base_logits[d - 1] + residual)
             for c in range(draft.num_candidates):
                 cands.append((path + (int(columns[c]),), score + float(lp[c])))
         cands.sort(key=lambda x: -x[1])
         frontier = cands[:width]
         levels.append(frontier)
     return levels
+
+
+def assert_levels_match(tree: Tree, levels, tol: float) -> None:
+    """The tree holds, per depth, exactly the reference's paths, with its scores."""
+    for d, level in enumerate(levels, start=1):
+        nodes = (tree.depths == d).nonzero().squeeze(-1).tolist()
+        got = {path_tokens(tree, n): float(tree.scores[n]) for n in nodes}
+        want = dict(level)
+        assert set(got) == set(want)
+        for key in want:
+            assert math.isclose(got[key], want[key], abs_tol=tol)
 
 
 @pytest.mark.parametrize("width,seed", [(1, 0), (3, 1), (6, 2)])
@@ -71,13 +83,7 @@ def test_supertree_equals_node_by_node_reference(models, width, seed):
         expansions = builder.run()
         tree = builder.tree()
         levels = reference_supertree(drafter, target, block, width, 4)
-    for d, level in enumerate(levels, start=1):
-        nodes = (tree.depths == d).nonzero().squeeze(-1).tolist()
-        got = {path_tokens(tree, n): float(tree.scores[n]) for n in nodes}
-        want = dict(level)
-        assert set(got) == set(want)
-        for key in want:
-            assert math.isclose(got[key], want[key], abs_tol=1e-4)
+    assert_levels_match(tree, levels, 1e-4)
     # every expanded candidate is recorded, and exactly W survive per depth
     for exp in expansions:
         assert exp.token.shape[0] == exp.frontier.shape[0] * block.draft.num_candidates
@@ -300,3 +306,92 @@ def test_ddtree_heap_takes_siblings_from_the_whole_vocabulary(draft_vocab, budge
                             abs_tol=1e-4)
     cand = block.draft.cand_tokens.tolist()
     assert any(t not in cand[len(p) - 1] for p in got for t in p[-1:])  # some sibling lies beyond the top C
+
+
+# ---------------------------------------------------------------------------------------- scores at T > 0
+def processed_log_probs_by_the_sampler(temperature, top_p):
+    """The sampler's own rule (dartree.sampling.processed_probs) over the C candidates, as logs: a path score is
+    then the log of the product of the processed probabilities along the path (0 counts as OUTSIDE_NUCLEUS)."""
+    from dartree.sampling import processed_probs
+    from dartree.tree import OUTSIDE_NUCLEUS
+
+    def log_probs(logits):
+        probs = processed_probs(logits[None], temperature, top_p)[0]
+        return torch.where(probs > 0, probs.log(), torch.tensor(OUTSIDE_NUCLEUS))
+
+    return log_probs
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.8, 1.0), (0.5, 0.9), (1.3, 0.7)])
+def test_processed_scores_equal_the_product_of_processed_probabilities(models, temperature, top_p):
+    target, drafter = models
+    block = random_block(depth=4, cand=5, seed=5)
+    with torch.no_grad():
+        builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3),
+                                   score_temperature=temperature, top_p=top_p)
+        builder.run()
+        tree = builder.tree()
+        by_the_sampler = processed_log_probs_by_the_sampler(temperature, top_p)
+        levels = reference_supertree(drafter, target, block, 3, 4, by_the_sampler)
+    assert_levels_match(tree, levels, 1e-3)
+
+
+def test_scores_at_temperature_zero_are_bit_identical_to_the_drafted_ones(models):
+    """T = 0 (greedy) leaves the scores exactly as drafted: the same bits as before scores knew T."""
+    from dartree.engine import DecodeSettings
+    from dartree.tree import child_log_probs
+
+    target, drafter = models
+    block = random_block(depth=4, cand=5, seed=6)
+    draft = block.draft
+    residual = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(child_log_probs(draft, 2, residual, 0.0, 0.5),
+                       torch.log_softmax(draft.cand_base_logits[1] + residual, dim=-1))
+    assert torch.equal(child_log_probs(draft, 2, None, 0.0, 0.5), draft.cand_marginal_lp[1])
+    for top_p in (1.0, 0.8):  # greedy settings resolve to unprocessed scores whatever the top-p
+        assert DecodeSettings(temperature=0.0, top_p=top_p).resolved("cpu").score_temperature == 0.0
+    assert DecodeSettings(temperature=0.8).resolved("cpu").score_temperature > 0
+    with torch.no_grad():
+        trees = []
+        for kwargs in ({}, {"score_temperature": 0.0, "top_p": 0.8}):
+            b = DepthwiseBuilder(draft, PathCorrector(drafter, target, block), width_schedule(4), cut_bonus=-0.2,
+                                 **kwargs)
+            b.run()
+            trees.append(b.finish(6)[1])
+    for field in ("tokens", "parents", "depths", "scores"):
+        assert torch.equal(getattr(trees[0], field), getattr(trees[1], field))
+    assert torch.equal(ddtree_heap(draft, 9).scores, ddtree_heap(draft, 9, None, 0.0, 0.8).scores)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 0.8, 1.0])
+def test_processed_marginals_against_the_whole_vocabulary(temperature):
+    """Full-vocabulary marginals: exact at T = 1; below it the tail estimate (every token beyond the C
+    candidates as likely as the last one) over-counts the partition, so each log-prob is at most the exact
+    one, and the candidates keep their order."""
+    from dartree.tree import processed_log_probs
+
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 64, generator=g) * 2
+    logits, _ = base.topk(8, dim=-1)
+    lp = logits - torch.logsumexp(base, -1, keepdim=True)
+    got = processed_log_probs(lp, temperature)
+    exact = logits / temperature - torch.logsumexp(base / temperature, -1, keepdim=True)
+    if temperature == 1.0:
+        assert torch.allclose(got, exact, atol=1e-5)
+    assert (got <= exact + 1e-5).all()
+    assert (got.diff(dim=-1) <= 0).all()
+    assert (exact - got).max() < 0.5  # an estimate, not a bound only
+
+
+def test_top_p_scores_match_the_sampler_on_the_candidates():
+    """With the candidates holding all the mass, processed log-probs are the logs of the sampler's
+    processed_probs, the tokens it never draws marked OUTSIDE_NUCLEUS."""
+    from dartree.sampling import processed_probs
+    from dartree.tree import OUTSIDE_NUCLEUS, processed_log_probs
+
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)) * 2
+    for temperature, top_p in ((0.7, 0.8), (1.2, 0.5), (0.9, 1.0)):
+        probs = processed_probs(logits, temperature, top_p)
+        got = processed_log_probs(torch.log_softmax(logits, -1), temperature, top_p)
+        want = torch.where(probs > 0, probs.log(), torch.tensor(OUTSIDE_NUCLEUS))
+        assert torch.allclose(got, want, atol=1e-5)

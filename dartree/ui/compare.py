@@ -13,7 +13,7 @@ from dataclasses import replace
 from .. import timing
 from ..bench import BenchConfig, cost_curve
 from ..methods import METHODS
-from ..replay import greedy_outputs, make_continuation
+from ..replay import make_continuation, plain_outputs
 from ..replay import sweep as replay_sweep
 from ..sweep import committed_costs
 from ..errors import UserError
@@ -125,7 +125,7 @@ def sweep(session: Session, widths_text: str, budgets_text: str, prompts_text: s
         done += 1
         tick("plain decoding of the prompts")
         conts = [make_continuation(target, models.drafter, ids, out)
-                 for ids, out in greedy_outputs(models, prompts, max_new_tokens, progress=False)]
+                 for ids, out in plain_outputs(models, prompts, max_new_tokens, progress=False)]
     done += 1
     tau = [[None] * len(budgets) for _ in widths]
     speedup = [[None] * len(budgets) for _ in widths]

@@ -21,7 +21,8 @@ from ..retrieval import RETRIEVAL_MODES
 from . import figures
 from .compare import RACE_NOTE, race, sweep, sweep_outputs
 from .panels import OUTPUTS, full_render
-from .session import EXAMPLES, WARNING, Controls, Session, canonical_session, event, export_trace
+from .session import (EXAMPLES, SHAPE_CONTROLS, WARNING, Controls, Session, canonical_session, event, export_trace,
+                      follow_temperature)
 
 METHOD_CHOICES = tuple(reversed(TREE_METHODS))  # the richest first
 STAGE_BUTTONS = (("Draft", "draft"), ("Next depth", "depth"), ("Prune", "prune"), ("Verify", "verify"),
@@ -210,6 +211,14 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                            show_progress="hidden")
             b_play.click(lambda p: _bind(toggle_play(p), named), [playing], [timer, b_play, playing],
                          api_visibility="private")
+            shape_controls = [controls[name] for name in SHAPE_CONTROLS]
+
+            def on_temperature(temperature, *shape):  # the shape follows T where the visitor left it at a default
+                followed = follow_temperature(models, temperature, **dict(zip(SHAPE_CONTROLS, shape)))
+                return [followed[name] for name in SHAPE_CONTROLS]
+
+            controls["temperature"].change(on_temperature, [controls["temperature"]] + shape_controls, shape_controls,
+                                           api_visibility="private", show_progress="hidden")
             timer.tick(lambda session, p, **values: _bind(tick(session, p, **values) | {"state": session}, named),
                        [state, playing], list(named.values()), inputs_kwargs=controls, show_progress="hidden",
                        trigger_mode="once", api_visibility="private")

@@ -69,7 +69,19 @@ def _verify(rec: VerifyRecord, session) -> str:
     vv = session.round.verify
     return (f"Verify: the target read all {len(vv['tokens'])} tree nodes in one forward pass ({rec.seconds:.2f} s); "
             f"it agrees with {len(vv['path']) - 1} draft token(s) along one path and adds its own bonus token "
-            f"“{vv['bonus_text']}”.")
+            f"“{vv['bonus_text']}”." + sampling_note(session.decoder.settings))
+
+
+def sampling_note(settings) -> str:
+    """Why sampling (T > 0) accepts fewer draft tokens than greedy decoding; empty at T = 0."""
+    if settings.temperature <= 0:
+        return ""
+    return (f" At temperature {settings.temperature:g} the target does not take its most likely token: at every "
+            "node it draws one from its own distribution, and the walk goes on only where a child carries the "
+            "draw. A draft token that is the target's top choice is accepted only with the target's probability "
+            "of it (always at T = 0), so fewer tokens are accepted per round, and a higher temperature flattens "
+            "that probability further. The tree's scores estimate it: the drafter's log-probs processed at "
+            f"temperature {settings.score_temperature:g}. The output still has exactly plain sampling's distribution.")
 
 
 @narrate.register

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..budget import policy_for, shape_for
-from ..defaults import CPU_DEFAULTS, RETRIEVAL_DEFAULT
+from ..defaults import CPU_DEFAULTS, RETRIEVAL_DEFAULT, TEMPERATURE_BANDS
 from .. import timing
 from ..engine import Decoder, DecodeSettings
 from ..errors import UserError
@@ -100,11 +100,28 @@ def _coerce(f, value):
 
 
 def default_controls(models, **overrides) -> Controls:
-    """The measured defaults of the models' device, auto budget only where it is calibrated (dartree.defaults)."""
-    shape = shape_for(models)
-    named = {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"],
-             "auto_budget": bool(shape.get("auto_budget")), "depth_bonus": shape.get("depth_bonus", 0.0)}
-    return Controls(**{**named, **overrides})
+    """The measured defaults of the models' device at the overrides' temperature (0 unless given), auto budget
+    only where it is calibrated (dartree.defaults)."""
+    return Controls(**{**shape_controls(models, overrides.get("temperature", 0.0)), **overrides})
+
+
+SHAPE_CONTROLS = ("width", "budget", "auto_budget", "depth_bonus")  # the controls that follow the temperature
+
+
+def shape_controls(models, temperature: float) -> dict:
+    """The shape controls' default values at this temperature (`shape_for`: dartree.defaults' temperature axis)."""
+    shape = shape_for(models, temperature)
+    return {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"],
+            "auto_budget": bool(shape.get("auto_budget")), "depth_bonus": shape.get("depth_bonus", 0.0)}
+
+
+def follow_temperature(models, temperature: float, **shape) -> dict:
+    """The shape controls after the temperature slider moved to `temperature`: the new temperature's defaults
+    where the visitor has not touched them (they equal the defaults of some temperature band), else as they are."""
+    current = {k: _coerce(next(f for f in fields(Controls) if f.name == k), shape[k]) for k in SHAPE_CONTROLS}
+    untouched = any(current == {k: shape_controls(models, t)[k] for k in SHAPE_CONTROLS}
+                    for t in TEMPERATURE_BANDS)
+    return {k: shape_controls(models, temperature)[k] for k in SHAPE_CONTROLS} if untouched else current
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -293,7 +310,7 @@ def step(session: Session) -> tuple[str, frozenset]:
 # ---------------------------------------------------------------------------------------- events
 def budget_policy(models, settings: DecodeSettings):
     """The calibrated auto-budget policy when the settings ask for it (a clear message when none fits)."""
-    return policy_for(models.target, models.drafter_name) if settings.auto_budget else None
+    return policy_for(models.target, models.drafter_name, temperature=settings.temperature) if settings.auto_budget else None
 
 
 def _ensure_decoder(session: Session, controls: Controls, force: bool = False) -> str | None:
