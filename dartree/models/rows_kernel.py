@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from .cache_dir import cache_root
 from .packed import use_packed_linears
 
 SOURCE = Path(__file__).with_name("rows_linear.c")
@@ -53,8 +54,6 @@ def _compiler() -> str | None:
 
 
 def _build(cc: str) -> Path:
-    from .target import cache_root
-
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     out = cache_root() / "kernels" / f"rows_linear-{key}.so"

