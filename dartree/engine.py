@@ -23,7 +23,7 @@ import torch
 from . import METHODS, TREE_METHODS
 from .cache import compact_cache, new_cache
 from .defaults import (AUTO_BUDGET_CAP, RETRIEVAL_DEFAULT, RETRIEVAL_PRIOR_WEIGHT, RETRIEVAL_PRIORS,
-                       default_shape, score_temperature)
+                       SCORE_TEMPERATURE_SCALE, default_shape, score_temperature)
 from .draft import DrafterContext, PathCorrector, draft_block
 from .errors import UserError
 from .methods import METHODS as REGISTRY
@@ -39,6 +39,7 @@ MAX_BUDGET = 1024
 MAX_CANDIDATES = 512
 MAX_NEW_TOKENS = 8192
 MAX_TEMPERATURE = 2.0
+MAX_SCORE_TEMPERATURE = SCORE_TEMPERATURE_SCALE * MAX_TEMPERATURE  # the default scores' at the hottest T
 MIN_DEPTH_BONUS = -1.0
 
 
@@ -103,8 +104,8 @@ class DecodeSettings:
             (0.0 <= s.temperature <= MAX_TEMPERATURE,
              f"temperature must be between 0 and {MAX_TEMPERATURE}, got {s.temperature}"),
             (0.0 < s.top_p <= 1.0, f"top-p must be in (0, 1], got {s.top_p}"),
-            (0.0 <= s.score_temperature <= MAX_TEMPERATURE,
-             f"score temperature must be between 0 and {MAX_TEMPERATURE}, got {s.score_temperature}"),
+            (0.0 <= s.score_temperature <= MAX_SCORE_TEMPERATURE,
+             f"score temperature must be between 0 and {MAX_SCORE_TEMPERATURE}, got {s.score_temperature}"),
             (MIN_DEPTH_BONUS <= s.depth_bonus <= 0.0,
              f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {s.depth_bonus}"),
             (not s.auto_budget or REGISTRY[s.method].auto_budget,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
