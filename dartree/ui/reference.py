@@ -34,6 +34,8 @@ def bench_results(root: Path = BENCH_DIR) -> tuple[dict, ...]:
     """Every bench result under `root` (files with rows measured against plain decoding), with its date."""
     found = []
     for path in sorted(root.rglob("*.json")):
+        if "archive" in path.relative_to(root).parts:
+            continue  # superseded results, kept for the docs that cite them
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
