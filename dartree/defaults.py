@@ -35,12 +35,16 @@ def default_shape(device_type: str, temperature: float = 0.0) -> dict:
 # off). Measured in one interleaved bench per prompt set (fp32, dartree W = 4, B = 8, bonus -0.2, 30 prompts x
 # 128 tokens, all outputs identical to plain decoding, `python -m dartree bench --limit 30 --spread
 # --max-new-tokens 128 --configs dartree:W=4:B=8:retrieval=none,...=ngram,...=table,...=both`, and the same
-# with --prompt-file ../shared/data/dev_long_prompts.jsonl; assets/benchmarks/retrieval-dev*.json):
+# with --prompt-file ../shared/data/dev_long_prompts.jsonl; assets/benchmarks/archive/stop18/retrieval-dev*.json):
 #   dev       none τ 2.33, 1.58x | ngram τ 3.36, 2.23x | table τ 2.84, 1.87x | both τ 3.35, 2.19x
 #   dev_long  none τ 1.96, 1.34x | ngram τ 2.84, 1.90x | table τ 2.40, 1.60x | both τ 2.86, 1.88x
 # ngram is the fastest on both sets and gains on every dev source (GSM8K 2.30 -> 2.33x, HumanEval 1.49 ->
-# 2.48x, self-instruct 1.46 -> 2.05x); the table adds nodes for no gain over it. So the default is ngram
-# (those figures were taken with the earlier dev-derived priors; the lead re-measures with the priors below).
+# 2.48x, self-instruct 1.46 -> 2.05x); the table adds nodes for no gain over it. So the default is ngram.
+# Re-measured with the train-derived priors below and the written-out forward (`--configs
+# dartree,dartree:retrieval=none`, assets/benchmarks/retrieval-dev*.json, docs/speed.md section 9):
+#   dev       none τ 2.33, 1.56x | ngram τ 3.36, 2.14x (GSM8K 2.22 -> 2.18x, HumanEval 1.50 -> 2.51x,
+#             self-instruct 1.44 -> 1.93x)
+#   dev_long  none τ 1.96, 1.22x | ngram τ 2.85, 1.84x
 # RETRIEVAL_PRIORS are the prior acceptance rates P(node accepted | parent accepted): n-grams by match length
 # n = 1..4, the successor table by column at depth 1 and one rate for its chains below; each is worth
 # RETRIEVAL_PRIOR_WEIGHT observations of the online counts. Derived from TRAIN prompts only (rows below
@@ -51,8 +55,8 @@ def default_shape(device_type: str, temperature: float = 0.0) -> dict:
 #   321 rounds, τ 3.41), accepted / seen:
 #   ngram n = 1..4: 69/211 0.33, 49/81 0.60, 21/30 0.70, 603/649 0.93;
 #   table columns 0..3: 104/212 0.49, 10/70 0.14, 7/55 0.13, 3/32 0.09; table chains 194/249 0.78.
-# Close to the earlier dev-picked values (0.2 / 0.6 / 0.75 / 0.9; 0.55 / 0.08 x 3; 0.7); τ on dev with
-# these priors is not re-measured yet. The script's default (24 rows) is the fuller run.
+# Close to the earlier dev-picked values (0.2 / 0.6 / 0.75 / 0.9; 0.55 / 0.08 x 3; 0.7); dev τ with them: 3.36,
+# as before (above). The script's default (24 rows) is the fuller run.
 RETRIEVAL_DEFAULT = "ngram"
 RETRIEVAL_PRIORS = {"ngram": (0.33, 0.6, 0.7, 0.93), "table": (0.49, 0.14, 0.13, 0.09), "table_chain": 0.78}
 RETRIEVAL_PRIOR_WEIGHT = 4.0
