@@ -177,7 +177,7 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "method": cfg.method, "width": runs[0].settings["width"] if "W" in METHODS[cfg.method].knobs else None,
             "budget": ("auto" if runs[0].settings["auto_budget"] else runs[0].settings["budget"])
             if "B" in METHODS[cfg.method].knobs else None,
-            "depth_bonus": cfg.settings(base).depth_bonus if METHODS[cfg.method].prunes else None,
+            "depth_bonus": runs[0].settings["depth_bonus"] if METHODS[cfg.method].prunes else None,
             "tau": sum(sum(x.committed for x in r.round_records) for r in runs) / rounds if rounds else 0.0,
             "tokens_per_second": tps, "speedup_vs_ar": tps / ar_tps if ar_tps else 0.0,
             "median_speedup": statistics.median(per_prompt),

@@ -1,4 +1,6 @@
-"""The written-out Llama forward (dartree.models.llama) equals transformers' forward bit for bit.
+"""The written-out Llama forward (dartree.models.llama): its torch layers equal transformers' forward bit
+for bit, and its native layers (models/llama_rows.c) agree with them closely and give every tree row
+exactly what decoding that row alone gives.
 
 Checked on every kind of pass the engine makes: the prefill with the drafter's features, a tree verify
 under its mask, a single token with a mask (plain decoding's root-only tree) and without one, and a
@@ -40,14 +42,23 @@ def passes(target, prompt: list[int], features: tuple[int, ...]) -> list:
     return outs
 
 
-def assert_same_as_transformers(target, prompt, features):
-    assert target.layers_pass is not None
-    ours = passes(target, prompt, features)
+def transformers_passes(target, prompt, features):
+    """`passes` through transformers' `LlamaModel.forward` (no written-out forward)."""
     held, target.layers_pass = target.layers_pass, None
     try:
-        theirs = passes(target, prompt, features)
+        return passes(target, prompt, features)
     finally:
         target.layers_pass = held
+
+
+def assert_same_as_transformers(target, prompt, features):
+    assert target.layers_pass is not None
+    native, target.layers_pass.native = target.layers_pass.native, None  # the torch layers
+    try:
+        ours = passes(target, prompt, features)
+    finally:
+        target.layers_pass.native = native
+    theirs = transformers_passes(target, prompt, features)
     for a, b in zip(ours, theirs):
         assert torch.equal(a.logits, b.logits)
         assert (a.features is None) == (b.features is None)
@@ -62,6 +73,44 @@ def tiny_with_pass(kernel: bool):
         assert use_rows_kernel(target.model)
     target.layers_pass = LlamaPass(target.model)
     return target
+
+
+def assert_native_close_and_row_exact(target, prompt, features):
+    """The native layers' tree verify and single tokens: within float rounding of transformers' (through
+    the torch layers), and each tree row bit-equal to decoding its path one token at a time (brute force)."""
+    assert target.layers_pass.native is not None and target.layers_pass.native.tables() is not None
+    native = passes(target, prompt, features)
+    theirs = transformers_passes(target, prompt, features)
+    for a, b in zip(native, theirs):
+        scale = b.logits.abs().max()
+        assert (a.logits - b.logits).abs().max() <= 1e-5 * scale + 1e-6
+        if a.features is not None:
+            assert (a.features - b.features).abs().max() <= 1e-5 * b.features.abs().max() + 1e-6
+    tree = native[1]
+    p, tokens = len(prompt), (torch.arange(9) * 7 % target.vocab_size)
+    for node in range(len(PARENTS)):
+        path = [node]
+        while PARENTS[path[-1]] >= 0:
+            path.append(int(PARENTS[path[-1]]))
+        cache = new_cache(target, 64)
+        target.forward(torch.tensor([prompt]), torch.arange(p)[None], cache)
+        for depth, k in enumerate(reversed(path)):
+            one = additive_mask(torch.ones(1, 1, dtype=torch.bool), p + depth, target.dtype)
+            out = target.forward(tokens[k].reshape(1, 1), torch.tensor([[p + depth]]), cache, attention_mask=one,
+                                 feature_layers=features)
+        assert torch.equal(out.logits[0], tree.logits[node])
+        assert torch.equal(out.features[0], tree.features[node])
+
+
+def test_tiny_native_layers_are_close_and_row_exact():
+    if not rows_kernel_available():
+        pytest.skip("the row kernel does not build here")
+    assert_native_close_and_row_exact(tiny_with_pass(kernel=True), [0, 5, 9, 11, 2, 7], features=(0, 2))
+
+
+def test_native_layers_need_the_kernel_on_every_product():
+    target = tiny_with_pass(kernel=False)  # torch's linears: no panels for the C layer to stream
+    assert target.layers_pass.native.tables() is None
 
 
 @pytest.mark.parametrize("kernel", [False, True])
@@ -106,3 +155,12 @@ def test_the_real_target_equals_transformers_bit_for_bit(real_models):
     target = real_models.target
     prompt = target.chat_ids("Name three rivers in Europe and say which is longest.")
     assert_same_as_transformers(target, prompt, features=tuple(real_models.drafter.cfg.target_layer_ids))
+
+
+@pytest.mark.slow
+def test_the_real_targets_native_layers_are_close_and_row_exact(real_models):
+    target = real_models.target
+    if target.layers_pass.native is None or target.layers_pass.native.tables() is None:
+        pytest.skip("the native layers are off here (no row kernel, or DARTREE_NATIVE_LAYERS=0)")
+    prompt = target.chat_ids("Name three rivers in Europe and say which is longest.")
+    assert_native_close_and_row_exact(target, prompt, features=tuple(real_models.drafter.cfg.target_layer_ids))

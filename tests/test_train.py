@@ -349,3 +349,18 @@ def test_the_train_command_exits_0_when_its_stage_succeeds(monkeypatch):
 
     monkeypatch.setattr(train_cli, "run_train", lambda args: {"data": {"shards": 1}})
     assert main(["train", "--preset", "smollm2-cpu-v2", "--stage", "data"]) == 0
+
+
+def test_a_fine_tuning_leg_keeps_the_drafters_draft_vocabulary(target, generated):
+    store = store_of(generated)
+    train_ids, held = split_heldout(store, 0)
+    cfg = TrainConfig(steps=2, lr=3e-3, warmup_steps=1, seqs_per_step=2, anchors_per_seq=4, eval_every=0,
+                      ckpt_every=0, log_every=0)
+    shipped = torch.tensor(sorted(set(EOS) | set(range(VOCAB - 14, VOCAB))))  # not what the data would choose
+    fresh, tuned = tiny_drafter(draft_vocab_size=len(shipped)), tiny_drafter(draft_vocab_size=len(shipped))
+    for d in (fresh, tuned):
+        d.set_draft_vocab(shipped)
+    train(target, fresh, store, train_ids, held, cfg, log=lambda *a: None)
+    train(target, tuned, store, train_ids, held, cfg, log=lambda *a: None, keep_draft_vocab=True)
+    assert not torch.equal(fresh.draft_vocab, shipped)  # a fresh run re-derives it from its data
+    assert torch.equal(tuned.draft_vocab, shipped)

@@ -13,9 +13,16 @@ weights, top to bottom as in gpt-fast's model.py, with two fusions that change n
 - RoPE rotates q and k in one pass over the q and k heads: it is elementwise, so each head is rotated
   exactly as on its own.
 
-So the logits and the drafter's features equal transformers' bit for bit (tests/test_llama_forward.py),
-and every lossless guarantee stands. Attention is `dartree.attention.tree_sdpa_forward`, the function
-transformers would call. Anything this file does not cover (other architectures, biases, a cache with
+So with these torch layers the logits and the drafter's features equal transformers' bit for bit
+(tests/test_llama_forward.py), and every lossless guarantee stands. Attention is
+`dartree.attention.tree_sdpa_forward`, the function transformers would call.
+
+Decoding steps and tree verifies go one step further where every product runs the row kernel: each
+decoder layer is one C call (`llama_native.py`, `llama_rows.c`). Those layers differ from transformers'
+in the last bits (another reduction order, another exp), but every row they compute is the same function
+of its own path whatever the tree around it, so a verified node gets exactly what plain decoding gets,
+which is the property losslessness needs. The prefill keeps the torch layers; `DARTREE_NATIVE_LAYERS=0`
+keeps them everywhere. Anything this file does not cover (other architectures, biases, a cache with
 rows but no mask for several tokens) takes transformers' forward: `LlamaPass.supports` decides.
 """
 
@@ -28,7 +35,8 @@ import torch.nn.functional as F
 from transformers.masking_utils import create_causal_mask
 
 from ..attention import TREE_SDPA, tree_sdpa_forward
-from .rows_kernel import PANEL, BlockPanels, _blocks_of, _panels_of, rows_linear
+from .llama_native import NativeLayers
+from .rows_kernel import PANEL, BlockPanels, _blocks_of, _panels_of, kernel_applies, routed, rows_linear
 
 
 class FusedLinears:
@@ -48,13 +56,20 @@ class FusedLinears:
         self.key = None
         self.panels = None
 
-    def _weights_key(self):
+    def weights_key(self):
         return tuple((lin.weight.data_ptr(), lin.weight._version) for lin in self.linears)
+
+    def current_panels(self):
+        """The fused panels for the weights as they are now (None where the linears cannot be fused)."""
+        key = self.weights_key()
+        if key != self.key:
+            self.panels, self.key = self._fuse(), key
+        return self.panels
 
     def _fuse(self):
         """The linears' panels end to end (None where their kinds or padding differ); each linear's cache
         becomes a view of its part (models.rows_kernel keeps `_rows_blocks` / `_rows_panels` per linear)."""
-        if any(n % PANEL for n in self.sizes) or not all(map(_routed, self.linears)):
+        if any(n % PANEL for n in self.sizes) or not all(map(routed, self.linears)):
             return None
         parts = [_blocks_of(lin) or _panels_of(lin) for lin in self.linears]
         if all(isinstance(p, BlockPanels) for p in parts) and len({p.kind for p in parts}) == 1:
@@ -73,11 +88,9 @@ class FusedLinears:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if _kernel_call(self.linears[0], x):
-            key = self._weights_key()
-            if key != self.key:
-                self.panels, self.key = self._fuse(), key
-            if self.panels is not None:
-                return rows_linear(x, self.panels, self.total)
+            panels = self.current_panels()
+            if panels is not None:
+                return rows_linear(x, panels, self.total)
         outs = [lin(x) for lin in self.linears]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
@@ -88,17 +101,9 @@ def _panel_ranges(sizes: list[int]) -> list[slice]:
     return [slice(a, b) for a, b in zip([0] + ends[:-1], ends)]
 
 
-def _routed(linear: torch.nn.Linear) -> bool:
-    """Whether models.rows_kernel.use_rows_kernel routed `linear` through the kernel."""
-    return "_rows_panels" in linear.__dict__ or "_rows_blocks" in linear.__dict__
-
-
 def _kernel_call(linear: torch.nn.Linear, x: torch.Tensor) -> bool:
-    """Whether `linear(x)` would run the row kernel (it is routed, and the call is fp32 on a CPU without a
-    gradient)."""
-    w = linear.weight
-    return (_routed(linear) and x.dtype == torch.float32 and w.dtype == torch.float32 and x.device.type == "cpu"
-            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+    """Whether `linear(x)` would run the row kernel: it is routed, and the kernel applies to the call."""
+    return routed(linear) and kernel_applies(linear, x)
 
 
 def rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
@@ -138,13 +143,16 @@ class Layer:
 class LlamaPass:
     """One target's layers, ready for `forward`; built once per loaded target (models.target.load_target)."""
 
-    def __init__(self, model):
+    def __init__(self, model, native: bool = True):
         cfg = model.config
         self.embed, self.rotary, self.norm = model.model.embed_tokens, model.model.rotary_emb, model.model.norm
         self.cfg = cfg
         self.layers = [Layer.of(layer) for layer in model.model.layers]
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.q_heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        # decoding and tree verify through models/llama_rows.c where the kernel runs every product; False (or
+        # DARTREE_NATIVE_LAYERS=0 at load) keeps the torch layers, transformers' operations bit for bit
+        self.native = NativeLayers(self.layers, self.head_dim, self.q_heads, self.kv_heads) if native else None
 
     @staticmethod
     def supports(model) -> bool:
@@ -175,6 +183,10 @@ class LlamaPass:
         mask = self._mask(x, attention_mask, position_ids, cache)
         cos, sin = self.rotary(x, position_ids)  # [1, n, d]
         cos, sin = cos[0, :, None], sin[0, :, None]  # [n, 1, d]
+        if attention_mask is not None and self.native is not None and self.native.applies(x, cache):  # decoding and tree verify
+            x = x[0]
+            features = self.native.forward(x, cos, sin, cache, attention_mask, feature_layers)
+            return self._finish(x[None], features, feature_layers)
         features = {}
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(rms_norm(layer.norm_in, x)).view(n, hq + 2 * hkv, d)
@@ -190,6 +202,10 @@ class LlamaPass:
             x = x + layer.down(F.silu(gate) * up)
             if i in feature_layers:
                 features[i] = x[0]
+        return self._finish(x, features, feature_layers)
+
+    def _finish(self, x: torch.Tensor, features: dict, feature_layers: tuple[int, ...]):
+        """The final norm of x [1, n, hidden], and the features side by side."""
         hidden = rms_norm(self.norm, x)[0]
         if len(self.layers) - 1 in features:  # transformers' hidden_states end with the normed output
             features[len(self.layers) - 1] = hidden

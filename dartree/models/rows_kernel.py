@@ -31,7 +31,7 @@ import torch
 from .cache_dir import cache_root
 from .packed import use_packed_linears
 
-SOURCE = Path(__file__).with_name("rows_linear.c")
+SOURCES = (Path(__file__).with_name("rows_linear.c"), Path(__file__).with_name("llama_rows.c"))
 # -ffp-contract=off: the GGUF block rebuild keeps gguf.quants' separate multiply and add (rows_linear.c)
 FLAGS = ("-O2", "-mavx512f", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
@@ -55,16 +55,17 @@ def _compiler() -> str | None:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    source = b"".join(path.read_bytes() for path in SOURCES)
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     out = cache_root() / "kernels" / f"rows_linear-{key}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         # compile to a temporary name, then rename: two processes building at once never load half a file
         with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
             tmp_out = Path(tmp) / out.name
-            proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp_out)], capture_output=True, text=True)
+            proc = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", str(tmp_out)], capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"{cc} failed to build {SOURCE.name}:\n{proc.stderr[-2000:]}")
+                raise RuntimeError(f"{cc} failed to build {', '.join(p.name for p in SOURCES)}:\n{proc.stderr[-2000:]}")
             os.replace(tmp_out, out)
     return out
 
@@ -97,6 +98,11 @@ def load_rows_kernel():
                     f = fn[f"mismatches_{kind}"] = getattr(lib, f"rows_mismatches_{kind}")
                     f.restype = ctypes.c_long
                     f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+                fn["llama_layer"] = lib.llama_layer  # models/llama_rows.c: a decoder layer around the products
+                fn["llama_layer"].restype = None
+                fn["llama_scratch_floats"] = lib.llama_scratch_floats
+                fn["llama_scratch_floats"].restype = ctypes.c_long
+                fn["llama_scratch_floats"].argtypes = [ctypes.c_long] * 7
                 why = "on"
             except (OSError, RuntimeError) as exc:
                 why = f"build failed: {exc}"
@@ -224,14 +230,25 @@ def _blocks_of(linear: torch.nn.Linear) -> BlockPanels | None:
     return held[1] if held is not None and held[0] == (w.data_ptr(), w._version) else None
 
 
-def _kernel_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`linear(x)`, through the kernel whenever the call is fp32 on CPU and needs no gradient."""
+def routed(linear: torch.nn.Linear) -> bool:
+    """Whether `use_rows_kernel` routed `linear` through the kernel (it holds panels or block panels)."""
+    return "_rows_panels" in linear.__dict__ or "_rows_blocks" in linear.__dict__
+
+
+def kernel_applies(linear: torch.nn.Linear, x: torch.Tensor) -> bool:
+    """Whether the kernel can compute `linear(x)`: fp32 input, weight and bias on a CPU, and no gradient."""
     w, bias = linear.weight, linear.bias
-    if (x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu" or w.device.type != "cpu"
-            or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()))
-            or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
-        return torch.nn.functional.linear(x, w, bias)
-    return rows_linear(x, _blocks_of(linear) or _panels_of(linear), w.shape[0], bias)
+    return (x.dtype == torch.float32 and w.dtype == torch.float32 and x.device.type == "cpu"
+            and w.device.type == "cpu"
+            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)))
+
+
+def _kernel_linear(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """`linear(x)`, through the kernel whenever it applies (`kernel_applies`), else `F.linear`."""
+    if not kernel_applies(linear, x):
+        return torch.nn.functional.linear(x, linear.weight, linear.bias)
+    return rows_linear(x, _blocks_of(linear) or _panels_of(linear), linear.weight.shape[0], linear.bias)
 
 
 def use_rows_kernel(model: torch.nn.Module, skip: tuple[str, ...] = (),

@@ -26,6 +26,7 @@ from ..attention import use_tree_sdpa
 from ..errors import UserError
 from .cache_dir import cache_root
 from .llama import LlamaPass
+from .llama_native import native_layers_wanted
 from .packed import unpacked
 
 EMBEDDED_NAME = "smollm2-135m"
@@ -328,4 +329,4 @@ def load_target(name: str = EMBEDDED_NAME, device: str = "auto", dtype: str | No
         elif source:
             eos.update(int(x) for x in source)
     return Target(model=model, tokenizer=tokenizer, name=name, device=dev, dtype=torch_dtype,
-                  eos_token_ids=tuple(sorted(eos)), layers_pass=LlamaPass(model) if LlamaPass.supports(model) else None)
+                  eos_token_ids=tuple(sorted(eos)), layers_pass=LlamaPass(model, native=native_layers_wanted()) if LlamaPass.supports(model) else None)

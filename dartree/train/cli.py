@@ -53,6 +53,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heldout-seqs", type=int, default=None)
     g.add_argument("--init", choices=("target", "random"), default=None,
                    help="drafter layers from the target's last layers, or random")
+    g.add_argument("--init-from", default=None,
+                   help="start from this drafter folder's weights and draft vocabulary (a fine-tuning leg on new "
+                        "data); a fresh schedule and optimizer")
     g.add_argument("--drafter-layers", type=int, default=None)
     g.add_argument("--autocast", choices=("bf16", "off"), default=None,
                    help="bf16 matmuls with fp32 weights (default, ~4x faster on this AMX CPU) or plain fp32")
@@ -120,7 +123,12 @@ def _stage_train(args, preset) -> dict:
     dist = DistContext.from_env(getattr(args, "device", "cpu"))
     target, store, cfg, train_ids, heldout_ids = _load(args, preset, dist.device)
     spec = _drafter_spec(preset, args)
-    drafter = drafter_from_preset(target, spec, init=cfg.init, seed=cfg.seed).to(dist.device)
+    if args.init_from:
+        drafter = DominoDrafter.from_pretrained(args.init_from).to(dist.device)
+        phase_init = f"from {args.init_from}"
+    else:
+        drafter = drafter_from_preset(target, spec, init=cfg.init, seed=cfg.seed).to(dist.device)
+        phase_init = cfg.init
     drafter.check_matches(target)
     ckpt = features_dir(args.preset) / "ckpt" / f"{args.run_name}.pt"
     if args.fresh and ckpt.exists():
@@ -132,9 +140,11 @@ def _stage_train(args, preset) -> dict:
             "generation": json.dumps(preset["data"])}
     print(f"[train] {data}", flush=True)
     phase = {"command": _command_line(), "commit": git_commit(REPO_ROOT), "schedule_steps": cfg.steps,
+             "init": phase_init,
              "stop_at": cfg.stop_at, "shards": len(store.shards), "train_sequences": len(train_ids),
              "response_tokens": data["response tokens (all)"]}
-    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist, phase=phase)
+    history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist, phase=phase,
+                    keep_draft_vocab=bool(args.init_from))
     if not dist.is_main:
         dist.close()
         return {}
@@ -143,7 +153,7 @@ def _stage_train(args, preset) -> dict:
     print("[eval] final (fp32): " + format_eval(final_eval), flush=True)
     out = Path(args.out) if args.out else DEFAULT_EXPORT.get(args.preset, REPO_ROOT / "assets" / f"drafter-{args.preset}")
     record = {"preset": args.preset, "steps": min(cfg.steps, cfg.stop_at or cfg.steps), "schedule_steps": cfg.steps,
-              "init": cfg.init,
+              "init": phase_init,
               "train_tokens": data["response tokens (all)"], "train_sequences": data["sequences (train)"],
               "command": _command_line()}
     size = export(drafter, out, record=record)

@@ -281,12 +281,13 @@ class AnchorSampler:
 
 def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: list[int], heldout_ids: list[int],
           cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False, dist=None,
-          phase: dict | None = None) -> dict:
+          phase: dict | None = None, keep_draft_vocab: bool = False) -> dict:
     """The training loop; resumes from `ckpt_path` when it exists. Returns the history of losses/evals.
 
     `phase` (the command, schedule and data of this invocation) is appended to history["phases"] with
     the steps it ran: a run resumed across sessions, on growing data, keeps the record of every leg,
-    so that its card can say exactly how to reproduce it.
+    so that its card can say exactly how to reproduce it. A fresh run takes its draft vocabulary from its
+    training data, unless `keep_draft_vocab` (a drafter fine-tuned from a shipped one keeps its columns).
 
     `dist` (a DistContext) runs it data-parallel: rank r samples with seed + r, DDP averages the
     gradients, and only rank 0 logs, evaluates and checkpoints.
@@ -311,8 +312,9 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             rng = np.random.default_rng([cfg.seed + dist.rank, step])
         log(f"[train] resumed from {ckpt_path} at step {step}")
     elif drafter.draft_vocab is not None:  # a fresh run: its draft vocabulary comes from its training data
-        drafter.set_draft_vocab(draft_vocab_from_data(store, train_ids, drafter.cfg.draft_vocab_size,
-                                                      always=target.eos_token_ids))
+        if not keep_draft_vocab:
+            drafter.set_draft_vocab(draft_vocab_from_data(store, train_ids, drafter.cfg.draft_vocab_size,
+                                                          always=target.eos_token_ids))
         covered = np.isin(np.concatenate([store.ids(i)[store.prompt_len(i):] for i in heldout_ids]),
                           drafter.draft_vocab.cpu().numpy()).mean() if heldout_ids else float("nan")
         log(f"[train] draft vocabulary: {drafter.cfg.draft_vocab_size} tokens, "
