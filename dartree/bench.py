@@ -125,10 +125,23 @@ def bench_configs(methods, widths, budgets) -> list[BenchConfig]:
     return configs
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform's processor string: runs on different
+    machines compare ratios, not tokens/s, and this says which machine a file came from."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info(target) -> dict:
     device = target.device
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "device": str(device)}
     if device.type == "cpu":
         from .models.rows_kernel import describe_linear_path

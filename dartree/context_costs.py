@@ -61,7 +61,7 @@ def _round_costs(target, drafter, ids: list[int], settings: DecodeSettings, roun
 
 @torch.inference_mode()
 def context_curve(models, documents: list[str], contexts=CONTEXTS, sizes=VERIFY_SIZES, repeats: int = 7,
-                  rounds: int = 12) -> dict:
+                  rounds: int = 30) -> dict:
     """The per-context cost table (see the module docstring); returns the dict written as JSON."""
     target, drafter = models.target, models.drafter
     if drafter is None:

@@ -41,7 +41,7 @@ def default_shape(device_type: str, temperature: float = 0.0) -> dict:
 # ngram is the fastest on both sets and gains on every dev source (GSM8K 2.30 -> 2.33x, HumanEval 1.49 ->
 # 2.48x, self-instruct 1.46 -> 2.05x); the table adds nodes for no gain over it. So the default is ngram.
 # Re-measured with the train-derived priors below and the written-out forward (`--configs
-# dartree,dartree:retrieval=none`, assets/benchmarks/retrieval-dev*.json, docs/speed.md section 9):
+# dartree,dartree:retrieval=none`, assets/benchmarks/archive/stop19/retrieval-dev*.json, docs/speed.md section 9):
 #   dev       none τ 2.33, 1.56x | ngram τ 3.36, 2.14x (GSM8K 2.22 -> 2.18x, HumanEval 1.50 -> 2.51x,
 #             self-instruct 1.44 -> 1.93x)
 #   dev_long  none τ 1.96, 1.22x | ngram τ 2.85, 1.84x

@@ -10,7 +10,13 @@ the bench's JSON rows carry the same two figures under the same names.
 Run it right after the bench, on the same quiet machine: the two are compared back to back.
 
 It needs llama-cpp-python (`pip install llama-cpp-python`, which builds llama.cpp: ~13 min on 2 cores);
-without it, it says so and exits with status 2.
+without it, it says so and exits with status 2. On a CPU with AMX (Sapphire Rapids and later), a native build
+of llama-cpp-python 0.3.36 crashes in its AMX matrix product (`ggml_backend_amx_mul_mat`, SIGSEGV) on the first
+batched pass over this GGUF; build it without AMX, every other feature of the CPU kept (the stop-20 figures):
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \
+      -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_BMI2=ON" \
+      .venv/bin/pip install --no-cache-dir llama-cpp-python==0.3.36
 
     .venv/bin/python scripts/peer_llamacpp.py --limit 30 --spread --max-new-tokens 128 --out results/peer.json
 """
@@ -79,6 +85,12 @@ def _as_list(value) -> list:
     return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
+def system_info(llama_cpp) -> str:
+    """llama.cpp's own line of the CPU features it was built with (AVX-512, AMX, ...): which build was timed."""
+    info = getattr(llama_cpp, "llama_print_system_info", None)
+    return info().decode().strip() if info is not None else "unknown"
+
+
 def run_prompt(llm, ids: list[int], max_new_tokens: int, eos: tuple[int, ...]) -> dict:
     """Greedy decoding of one prompt, timed: the first token closes the prefill, the rest is decode.
 
@@ -135,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
            "settings": {"max_new_tokens": args.max_new_tokens, "n_prompts": len(results), "threads": args.threads,
                         "prompt_file": str(args.prompt_file or DEV_PROMPTS), "spread": args.spread,
                         "sampling": "greedy (top_k=1, temp=0)"},
-           "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+           "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                       "llama_cpp_system_info": system_info(llama_cpp)},
            **summary, "rows": [dict(r, source=source) for r, (_, source) in zip(results, rows)]}
     print(f"llama.cpp greedy, {len(results)} prompts: {summary['e2e_tokens_per_second']:.2f} tok/s "
           f"end to end, {summary['tokens_per_second']:.2f} tok/s decode only "

@@ -82,7 +82,8 @@ def test_a_run_feeds_the_bench_token_ids_and_writes_json(peer, monkeypatch, tmp_
             seen.append(list(tokens))
             yield from super().generate(tokens, **sampling)
 
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama, __version__="fake"))
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=Llama, __version__="fake",
+                                                                      llama_print_system_info=lambda: b"CPU : AVX2 = 1 | "))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Name a colour.", "source": "a"}\n{"prompt": "Count to three.", "source": "b"}\n')
     out = tmp_path / "peer.json"
@@ -91,6 +92,7 @@ def test_a_run_feeds_the_bench_token_ids_and_writes_json(peer, monkeypatch, tmp_
     assert seen[1:] == [real_target.chat_ids("Name a colour."), real_target.chat_ids("Count to three.")]
     result = json.loads(out.read_text())
     assert result["engine"] == "llama.cpp (llama-cpp-python fake)" and result["settings"]["n_prompts"] == 2
+    assert result["machine"]["llama_cpp_system_info"] == "CPU : AVX2 = 1 |"  # which build was timed
     assert [r["token_ids"] for r in result["rows"]] == [[7, 8, 9]] * 2
     assert [r["source"] for r in result["rows"]] == ["a", "b"]
     assert result["e2e_tokens_per_second"] > 0 and result["tokens_per_second"] > 0
