@@ -52,16 +52,20 @@ class PrefixLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the new rows [1, kv_heads, n, d] after the rows in use; return views of all of them."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
         start = self.length
         end = start + key_states.shape[-2]
-        if end > self.key_buffer.shape[2]:
-            self._grow(end)
+        self.reserve(end, key_states, value_states)
         self.key_buffer[:, :, start:end] = key_states
         self.value_buffer[:, :, start:end] = value_states
         self.keep(end)
         return self.keys, self.values
+
+    def reserve(self, rows: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Buffers shaped like the given rows [1, kv_heads, *, d] (made at the first call), room for `rows` rows."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if rows > self.key_buffer.shape[2]:
+            self._grow(rows)
 
     def keep(self, length: int) -> None:
         """Use the first `length` rows (a view: nothing is copied)."""

@@ -36,7 +36,7 @@ from transformers.masking_utils import create_causal_mask
 
 from ..attention import TREE_SDPA, tree_sdpa_forward
 from .llama_native import NativeLayers
-from .rows_kernel import PANEL, BlockPanels, _blocks_of, _panels_of, kernel_applies, routed, rows_linear
+from .rows_kernel import PANEL, BlockPanels, _blocks_of, _panels_of, kernel_applies, linear_key, routed, rows_linear
 
 
 class FusedLinears:
@@ -57,7 +57,7 @@ class FusedLinears:
         self.panels = None
 
     def weights_key(self):
-        return tuple((lin.weight.data_ptr(), lin.weight._version) for lin in self.linears)
+        return tuple([linear_key(lin) for lin in self.linears])
 
     def current_panels(self):
         """The fused panels for the weights as they are now (None where the linears cannot be fused)."""
@@ -83,7 +83,7 @@ class FusedLinears:
         else:
             return None
         for lin, (name, view) in zip(self.linears, views):
-            lin.__dict__[name] = ((lin.weight.data_ptr(), lin.weight._version), view)
+            lin.__dict__[name] = (linear_key(lin), view)
         return fused
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ import os
 import torch
 
 from ..cache import PrefixCache
-from .rows_kernel import BlockPanels, load_rows_kernel
+from .rows_kernel import BlockPanels, linear_key, load_rows_kernel
 
 KINDS = {torch.float32: 0, torch.bfloat16: 1, "q4_1": 2, "q8_0": 3}  # llama_rows.c's `linear_of`
 ARGTYPES = [ctypes.c_void_p] + [ctypes.c_long] * 6 + [ctypes.c_void_p] * 2 + [ctypes.c_float] \
@@ -46,12 +46,13 @@ class NativeLayers:
 
     def __init__(self, layers, head_dim: int, q_heads: int, kv_heads: int):
         self.layers, self.d, self.hq, self.hkv = layers, head_dim, q_heads, kv_heads
-        self.fused = [f for layer in layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        self.linears = [lin for layer in layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                        for lin in f.linears]
         self.key = None
         self.per_layer = None
 
     def _weights_key(self):
-        return tuple(f.weights_key() for f in self.fused)
+        return tuple([linear_key(lin) for lin in self.linears])  # one flat pass: it runs every forward
 
     def tables(self):
         key = self._weights_key()
@@ -90,9 +91,11 @@ class NativeLayers:
         inter = self.layers[0].gate_up.sizes[0]  # gate and up: two products of `inter` columns
         scratch = torch.empty(kernels["llama_scratch_floats"](n, hidden, self.hq, self.hkv, self.d, prefix, inter))
         cos, sin = cos.contiguous(), sin.contiguous()
+        shape_of_rows = x.new_empty(1, self.hkv, 0, self.d)  # what the cache's buffers are shaped like
         features = {}
         for i, (layer, (kinds, pointers, _)) in enumerate(zip(self.layers, self.per_layer)):
-            keys = _room(cache.layers[i], prefix + n, self.hkv, self.d, x)
+            keys = cache.layers[i]
+            keys.reserve(prefix + n, shape_of_rows, shape_of_rows)
             kernels["llama_layer"](
                 x.data_ptr(), n, hidden, self.hq, self.hkv, self.d, inter, layer.norm_in.weight.data_ptr(),
                 layer.norm_post.weight.data_ptr(), layer.norm_in.variance_epsilon, kinds, pointers, cos.data_ptr(),
@@ -103,12 +106,3 @@ class NativeLayers:
                 features[i] = x.clone()
         return features
 
-
-def _room(layer, rows: int, kv_heads: int, head_dim: int, like: torch.Tensor):
-    """The cache layer, initialised and with room for `rows` rows (what `PrefixLayer.update` ensures)."""
-    if not layer.is_initialized:
-        empty = like.new_empty(1, kv_heads, 0, head_dim)
-        layer.lazy_initialization(empty, empty)
-    if rows > layer.key_buffer.shape[2]:
-        layer._grow(rows)
-    return layer

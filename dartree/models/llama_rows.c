@@ -119,8 +119,8 @@ static void llama_pre(const float *x, long n, long H, const float *norm_w, float
 #define VALUE_TILE 6   /* queries per pass of the value sums: 6 x 4 accumulators + 4 values in registers */
 #define MAX_CHUNKS 8   /* head_dim up to 128, in 16-lane chunks */
 
-/* acc[u] += sum over keys j0..j1-1 of p[j * LANES + u] v_j for the queries u of `lanes` (a bit mask of at
- * most VALUE_TILE), key by key in order, each value row loaded once for all of them. The accumulators live
+/* out[h] += sum over keys j0..j1-1 of p[j * LANES + u[h]] v_j for the nu <= VALUE_TILE queries whose lanes
+ * are u[0..nu-1], key by key in order, each value row loaded once for all of them. The accumulators live
  * in out[u] [d] between calls, so a query's sum is the same chain of fused multiply-adds however its keys
  * are split into calls. `chunks` is a constant where it is called, so they stay in registers. */
 static inline __attribute__((always_inline)) void add_values(const float *V, long d, long chunks,
