@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .cache import compact_cache, new_cache, truncate_cache
-from .defaults import AUTO_BUDGET_CAP  # noqa: F401  (re-exported: sweep and the CLI read it here)
+from .defaults import AUTO_BUDGET_CAP  # (re-exported: sweep and the CLI read it here)
 from . import timing
 from .engine import DecodeSettings
 from .errors import UserError
@@ -295,10 +295,16 @@ def source_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+VERIFY_SIZES = (1, 2, 3, 4, 5, 7, 9, 13, 17, 25, 33, 49, 65, 97, 129, 193, AUTO_BUDGET_CAP + 1)
+
+
 @torch.inference_mode()
-def cost_curve(models, prompt: str, sizes=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256),
-               repeats: int = 7, depth: int = 7) -> dict:
-    """Median seconds of one verify forward over N tree tokens, and of one drafter pass."""
+def cost_curve(models, prompt: str, sizes=VERIFY_SIZES, repeats: int = 7, depth: int = 7) -> dict:
+    """Median seconds of one verify forward over N tree tokens, and of one drafter pass.
+
+    The sizes are the verifies of B = 1, 2, 3, 4, 6, 8, 12, ... nodes plus the root, so that the usual budgets
+    are measured rather than interpolated: the row kernel's cost is flat up to 3 rows (one weight stream
+    serves them) and then steps with its 12-row tiles (rows_linear.c), which a coarse grid would smear."""
     target, drafter = models.target, models.drafter
     ids = target.chat_ids(prompt)
     dev = target.device

@@ -88,6 +88,15 @@ RETRIEVAL_PRIOR_WEIGHT = 4.0
 # So the greedy shape (W = 4, B = 8, bonus -0.2) stays the best measured at T = 0.8; at T = 1.0, B = 4 is
 # predicted 1 % faster, inside the noise, so the bands hold no overrides yet: the quiet-machine bench per
 # temperature (docs/speed.md) confirms or replaces them.
+# Re-swept at T = 0.8 on dev with today's costs (stop 21: a verify of 1-3 tokens costs one token's 23.4 ms, since
+# one weight stream serves them, then 24.2 / 26.1 / 28.1 ms at 4 / 5 / 9; the draft head on the GGUF's Q8_0 rows;
+# the builder's early stop), n-gram retrieval on, speeds predicted from the cost curve this run measured
+# (`python -m dartree sweep --limit 30 --spread --max-new-tokens 128 --temperature 0.8 --configs ar,dartree:W=4:B=8,
+# dartree:W=4:B=6,dartree:W=4:B=4,dartree:W=4:B=3,dartree:W=4:B=2,dartree:W=2:B=2,dartree:W=3:B=3,dartree:W=8:B=4`,
+# DARTREE_WEIGHTS=fp32, assets/benchmarks/temperature/sweep-T0.8.json): W = 4, B = 8: τ 2.15, 1.49x | B = 6: 2.06,
+# 1.49x | B = 4: 1.91, 1.42x | B = 3: 1.80, 1.43x | B = 2: 1.66, 1.35x | W = 2, B = 2: 1.66, 1.34x | W = 3, B = 3:
+# 1.81, 1.42x | W = 8, B = 4: 1.91, 1.41x. The cheap 3-token verify does not pay for the τ a small tree loses:
+# the greedy shape stays the T = 0.8 default.
 TEMPERATURE_BANDS = (0.0, 0.65, 2.0)  # 2.0: the engine's MAX_TEMPERATURE
 CPU_SAMPLING_SHAPES = ({}, {}, {})  # per band: the fields that differ from CPU_DEFAULTS
 SCORE_TEMPERATURE_SCALE = 1.5  # score temperature / decoding temperature (the k of dartree.tree.child_log_probs)

@@ -391,7 +391,8 @@ class Decoder:
             return TreeRecord(self.round, grown.tokens, grown.parents, grown.depths, grown.scores, None,
                               self.settings.budget, t.seconds, stage="depth")
         return DepthRecord(self.round, grown.depth, grown.frontier, grown.parent, grown.token, grown.marginal_lp,
-                           grown.corrected_lp, grown.score, grown.rank, grown.survived, grown.node_index, t.seconds)
+                           grown.corrected_lp, grown.score, grown.rank, grown.survived, grown.node_index, t.seconds,
+                           settled=self.builder.settled)
 
     @torch.inference_mode()
     def prune(self) -> TreeRecord:

@@ -34,8 +34,14 @@ class Method:
 
 
 def _depthwise(schedule):
-    return lambda s, draft, corrector, cut_bonus: DepthwiseBuilder(draft, corrector, schedule(s), s.depth, cut_bonus,
-                                                                   s.score_temperature, s.top_p)
+    """A DepthwiseBuilder keeping `schedule(settings)` per depth. A pruning method's builder knows a fixed B
+    (`cut_budget`), so it stops growing once no deeper node could make its cut; an automatic budget is chosen
+    from the whole supertree's scores, so that one grows every depth."""
+    def make(s, draft, corrector, cut_bonus):
+        cut_budget = None if cut_bonus is None or s.auto_budget else s.budget
+        return DepthwiseBuilder(draft, corrector, schedule(s), s.depth, cut_bonus, s.score_temperature, s.top_p,
+                                cut_budget)
+    return make
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (

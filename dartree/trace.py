@@ -88,6 +88,7 @@ class DepthRecord:
     node_index: torch.Tensor
     seconds: float
     stage: str = "depth"
+    settled: bool = False  # the builder stops here: no deeper node could make the top-B cut (dartree.tree)
 
     def to_frame(self):
         return _frame({"depth": [self.depth] * int(self.token.shape[0]), "parent": self.parent, "token": self.token,

@@ -11,7 +11,8 @@ says when it is grown, and `finish(budget) -> (supertree, tree, kept)` hands ove
   global best children. With `keep = W` at every depth it builds DARTree's W-wide supertree; with
   `fixed_quota_schedule(B, D)` it is `dartree-fixed`; with W = 1 it is the single draft `chain`.
 - `prune_top_b`: DARTree's deferred best-first pruning of the supertree to a budget B, ranking nodes by
-  `cut_scores` (path score + depth bonus x depth), the one ranking the cut uses.
+  `cut_keys` (path score + depth bonus x depth), the one ranking the cut uses. Knowing B, the builder stops
+  growing once no deeper node could make that cut (`DepthwiseBuilder`, "settled").
 - `ddtree_heap`: DDTree's exact best-first heap over the uncorrected marginals (`HeapBuilder`: its
   builder of one step).
 
@@ -211,6 +212,9 @@ def width_schedule(width: int):
     return lambda d, available: min(width, available)
 
 
+HOST_READ_FREE = ("cpu",)  # device types where reading a tensor's value costs no sync (the builder's early stop)
+
+
 class DepthwiseBuilder:
     """Grow a tree depth by depth; each depth is one batched expansion of the whole frontier.
 
@@ -222,17 +226,28 @@ class DepthwiseBuilder:
     `cut_bonus` (dartree) makes `finish` cut the grown supertree to its best B by `prune_top_b` with
     that depth bonus; None keeps it whole (the keep schedule already respected the budget).
     `score_temperature` and `top_p` process the log-probs for sampling (`child_log_probs`; 0: greedy).
+
+    `cut_budget` (dartree with a fixed B): stop growing once the cut is settled, i.e. when every frontier
+    node's cut key is strictly below the B-th best key of the nodes grown so far. A descendant's key never
+    exceeds its ancestor's (`prune_top_b`'s proof), so no deeper node could enter the top B, and the cut of
+    the smaller supertree keeps exactly the nodes the whole one would (retrieved nodes only raise the
+    bar). It costs one host read between depths (a bool), so it runs only where such a read is free
+    (`HOST_READ_FREE`: the CPU, where the saved depths are time the round pays); on a GPU the depths queue
+    without a sync and every one is grown.
     """
 
     def __init__(self, draft: Draft, corrector: Corrector, keep, depth: int | None = None,
-                 cut_bonus: float | None = None, score_temperature: float = 0.0, top_p: float = 1.0):
+                 cut_bonus: float | None = None, score_temperature: float = 0.0, top_p: float = 1.0,
+                 cut_budget: int | None = None):
         self.draft = draft
         self.score_temperature, self.top_p = score_temperature, top_p
         self.cut_bonus = cut_bonus
+        dev = draft.cand_tokens.device
+        self.cut_budget = cut_budget if cut_bonus is not None and dev.type in HOST_READ_FREE else None
+        self.settled = False  # no deeper node could enter the top-B cut (`cut_budget`)
         self.corrector = corrector
         self.keep = keep
         self.depth = draft.depth if depth is None else min(depth, draft.depth)
-        dev = draft.cand_tokens.device
         self._tokens = [draft.anchor.reshape(1).long()]
         self._parents = [torch.full((1,), -1, dtype=torch.long, device=dev)]
         self._depths = [torch.zeros(1, dtype=torch.long, device=dev)]
@@ -242,10 +257,19 @@ class DepthwiseBuilder:
         self.frontier_scores = self._scores[0]
         self.frontier_states = corrector.root_state()
         self.current_depth = 0
+        self._best_keys = self._scores[0][:0]  # [<= cut_budget] the best cut keys grown so far, descending
 
     @property
     def done(self) -> bool:
-        return self.current_depth >= self.depth or self.frontier.shape[0] == 0
+        return self.current_depth >= self.depth or self.frontier.shape[0] == 0 or self.settled
+
+    def _settle(self, d: int, frontier_scores: torch.Tensor) -> None:
+        """After depth d: is the top-B cut settled? (See the class docstring.)"""
+        keys = cut_keys(frontier_scores, torch.full_like(self._depths[-1], d), self.cut_bonus)
+        best = torch.cat([self._best_keys, keys])
+        self._best_keys = best.topk(min(self.cut_budget, best.shape[0])).values
+        if self._best_keys.shape[0] == self.cut_budget:
+            self.settled = bool(keys.max() < self._best_keys[-1])  # the one host read, between depths
 
     def step(self) -> DepthExpansion:
         """Expand the next depth."""
@@ -275,12 +299,14 @@ class DepthwiseBuilder:
         self._parents.append(self.frontier[parent_slot])
         self._depths.append(torch.full((keep,), d, dtype=torch.long, device=order.device))
         self._scores.append(score[kept])
-        if d < self.depth:
-            self.frontier_states = self.corrector.advance(new_tokens, self.frontier_states[parent_slot])
         self.frontier = node_index[kept]
         self.frontier_scores = score[kept]
         self._size += keep
         self.current_depth = d
+        if self.cut_budget is not None and d < self.depth and keep > 0:
+            self._settle(d, self.frontier_scores)
+        if not self.done:
+            self.frontier_states = self.corrector.advance(new_tokens, self.frontier_states[parent_slot])
         return DepthExpansion(
             depth=d, frontier=frontier, parent=parents_all, token=tokens,
             marginal_lp=marginal.reshape(-1), corrected_lp=corrected.reshape(-1), score=score, rank=rank,
@@ -338,13 +364,19 @@ class HeapBuilder:
         return self._tree, self._tree, None
 
 
-def cut_scores(tree: Tree, depth_bonus: float = 0.0) -> torch.Tensor:
-    """How the deferred top-B cut ranks nodes [N]: path score + depth_bonus x depth (the reference's rule).
+def cut_keys(scores: torch.Tensor, depths: torch.Tensor, depth_bonus: float = 0.0) -> torch.Tensor:
+    """How the deferred top-B cut ranks nodes: path score + depth_bonus x depth (the reference's rule).
 
-    The one place that ranks nodes for the cut. A bonus below 0 trades depth for width: it charges every
-    extra level, so a shallow sibling beats a deep node of about the same path score.
+    The one place that ranks nodes for the cut (the builder's early stop reads it too, so both compute the
+    same keys bit for bit). A bonus below 0 trades depth for width: it charges every extra level, so a
+    shallow sibling beats a deep node of about the same path score.
     """
-    return tree.scores + depth_bonus * tree.depths.to(tree.scores.dtype)
+    return scores + depth_bonus * depths.to(scores.dtype)
+
+
+def cut_scores(tree: Tree, depth_bonus: float = 0.0) -> torch.Tensor:
+    """`cut_keys` of every node of `tree` [N]."""
+    return cut_keys(tree.scores, tree.depths, depth_bonus)
 
 
 def prune_top_b(tree: Tree, budget: int, depth_bonus: float = 0.0) -> tuple[Tree, torch.Tensor]:

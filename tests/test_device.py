@@ -20,6 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dartree import tree as tree_mod
 from dartree.engine import Decoder, DecodeSettings, generate
 from dartree.errors import UserError
 from dartree.models import target as target_mod
@@ -287,7 +288,9 @@ GRID = [(1, 1), (4, 16), (16, 64), (64, 256)]
 
 
 @pytest.mark.parametrize("method", ["dartree", "dartree-fixed", "chain"])
-def test_depth_steps_never_sync_and_rounds_sync_a_constant_number_of_times(tiny, sync_counter, method):
+def test_depth_steps_never_sync_and_rounds_sync_a_constant_number_of_times(tiny, sync_counter, method, monkeypatch):
+    # as on a GPU: no early stop (its one read per depth is free only on the CPU; the next test counts it)
+    monkeypatch.setattr(tree_mod, "HOST_READ_FREE", ())
     seen = []
     for width, budget in GRID:
         settings = DecodeSettings(method=method, width=width, budget=budget, candidates=32, max_new_tokens=64)
@@ -304,6 +307,25 @@ def test_depth_steps_never_sync_and_rounds_sync_a_constant_number_of_times(tiny,
     # 7 on this code: draft 1 (int(anchor) for the record), verify 4 (nonzero for the path, indexing with the
     # 0-d `deepest`, int(bonus)), commit 2 (tolist of the path, int(bonus) again). Small, and fixed.
     assert sum(first.values()) <= 8, (first, dict(sync_counter.where))
+
+
+def settle_line() -> str:
+    """`file:line` of the builder's early-stop read (dartree.tree.DepthwiseBuilder._settle)."""
+    lines = Path(tree_mod.__file__).read_text().splitlines()
+    return f"tree.py:{next(i for i, line in enumerate(lines, 1) if 'the one host read, between depths' in line)}"
+
+
+def test_on_the_cpu_a_depth_reads_at_most_the_early_stop_bool(tiny, sync_counter):
+    """dartree's builder stops once its top-B cut is settled (dartree.tree.DepthwiseBuilder): on the CPU, one
+    host read per depth step (free there), and nothing else."""
+    stopped = 0
+    for width, budget in GRID:
+        settings = DecodeSettings(method="dartree", width=width, budget=budget, candidates=32, max_new_tokens=64)
+        for events, depth_steps in count_round_syncs(tiny, settings, sync_counter):
+            assert depth_steps and all(k <= 1 for k in depth_steps), depth_steps
+            stopped += len(depth_steps) < tiny[1].max_depth
+    assert {where for stage, _, where in sync_counter.where if stage == "depth"} <= {settle_line()}
+    assert stopped > 0
 
 
 def test_ddtree_syncs_a_constant_number_of_times_per_round(tiny, sync_counter):

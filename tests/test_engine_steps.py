@@ -50,6 +50,26 @@ def test_depth_records_carry_every_candidate_and_the_cut(models):
     assert verify.to_frame()["accepted"].iloc[0]
 
 
+
+def test_a_settled_round_has_fewer_depth_steps_and_its_last_one_says_so(models):
+    """dartree with a fixed B stops growing once no deeper node could make the cut (dartree.tree)."""
+    target, drafter = models
+    dec = Decoder(target, drafter, [3, 4, 5], DecodeSettings(method="dartree", width=2, budget=2, candidates=5,
+                                                             depth=5, max_new_tokens=40))
+    dec.prefill()
+    per_round, depths = [], []
+    while dec.next_stage != "done":
+        rec = dec.step()
+        if rec.stage == "depth":
+            depths.append(rec)
+        elif rec.stage == "commit":
+            per_round.append(depths)
+            depths = []
+    assert any(len(r) < 5 for r in per_round)
+    for r in per_round:
+        assert [d.settled for d in r] == [False] * (len(r) - 1) + [len(r) < 5]
+
+
 def test_generate_reports_timings_per_stage(models):
     target, drafter = models
     res = generate(target, drafter, [3, 4, 5], DecodeSettings(method="dartree", width=2, budget=4, candidates=4,

@@ -204,6 +204,60 @@ def test_other_targets_keep_fp32_panels_and_the_log_line_says_which(monkeypatch)
 # ---- the real embedded target -------------------------------------------------------------------------
 
 
+
+@pytest.mark.parametrize("n,k", [(100, 64), (64, 96), (7, 32)])
+def test_selected_rows_of_q8_0_panels_rebuild_those_rows(n, k):
+    """The draft head is a row slice of the tied Q8_0 LM head: `select_rows` re-lays the slice's blocks."""
+    rows, weight = quantised(n, k, "q8_0", seed=n)
+    panels = block_panels(rows, "q8_0", k)
+    g = torch.Generator().manual_seed(n)
+    for picked in (torch.randperm(n, generator=g)[: n // 3 + 1], torch.arange(n), torch.tensor([n - 1, 0, n - 1])):
+        sub = panels.select_rows(picked)
+        assert sub.n == picked.numel() and sub.data.shape[0] == -(-picked.numel() // 32)
+        assert rebuild_mismatches(sub, weight[picked]) == 0
+        assert rebuild_mismatches(sub, weight[picked.roll(1)]) > 0 or picked.unique().numel() == 1
+        x = torch.randn(5, k)
+        assert torch.equal(rows_linear(x, sub, sub.n), rows_linear(x, panel_weight(weight[picked], False), sub.n))
+    with pytest.raises(ValueError, match="Q8_0"):
+        block_panels(quantised(n, k, "q4_1", seed=1)[0], "q4_1", k).select_rows(torch.arange(3))
+
+
+def test_a_draft_head_streams_its_rows_of_the_targets_q8_0_head_and_decodes_as_plain():
+    from dartree.engine import DecodeSettings, generate
+    from tests.test_draft_vocab import vocab_drafter
+    from tests.tiny import tiny_target
+
+    target = tiny_target()
+    head = target.model.get_output_embeddings()
+    rows, weight = quantised(*head.weight.shape, "q8_0", seed=2)
+    with torch.no_grad():
+        head.weight.copy_(weight)  # tied: the embedding holds the GGUF's weights too, as the embedded target's
+    assert use_rows_kernel(target.model)
+    target.rows_kernel, target.head_blocks = True, block_panels(rows, "q8_0", head.weight.shape[1])
+    drafter = vocab_drafter(target)
+    use_rows_kernel(drafter, skip=("embed_proj",))
+    prompt = [4, 9, 33, 12, 7]
+    ref = generate(target, None, prompt, DecodeSettings(method="ar", max_new_tokens=20)).token_ids
+    got = generate(target, drafter, prompt, DecodeSettings(method="dartree", width=3, budget=8, candidates=6,
+                                                           max_new_tokens=20))
+    assert got.token_ids == ref
+    draft_head = drafter._head_cache[1]
+    blocks = draft_head.__dict__["_rows_blocks"][1]
+    assert blocks.kind == "q8_0" and rebuild_mismatches(blocks, draft_head.weight) == 0
+
+
+@pytest.mark.real
+def test_the_embedded_targets_head_blocks_rebuild_any_row_slice(real_models):
+    """On both weight paths (DARTREE_WEIGHTS), the draft head streams the Q8_0 head's blocks."""
+    target = real_models.target
+    if not getattr(target, "rows_kernel", False):
+        pytest.skip("the CPU row kernel's path")
+    weight = target.model.get_output_embeddings().weight
+    assert target.head_blocks is not None and target.head_blocks.kind == "q8_0"
+    picked = torch.randperm(weight.shape[0], generator=torch.Generator().manual_seed(0))[:16384]
+    assert rebuild_mismatches(target.head_blocks.select_rows(picked), weight[picked]) == 0
+
+
 def _linears(model):
     return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 

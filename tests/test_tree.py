@@ -257,6 +257,36 @@ def test_a_depth_bonus_prefers_shallow_nodes_and_a_positive_one_is_refused():
     assert torch.equal(cut_scores(tree, 0.0), tree.scores)
 
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_settled_builder_stops_early_and_cuts_exactly_the_whole_supertree(models, seed):
+    """With its budget known, the builder stops once no deeper node could make the cut, and the cut of what it
+    grew is the cut of the whole supertree: the same nodes (paths), scores and order. Coarse scores make ties."""
+    target, drafter = models
+    block = random_block(depth=6, cand=4, seed=10 + seed)
+    draft = block.draft
+    coarse = Draft(draft.anchor, draft.cand_tokens, (draft.cand_base_logits * 2).round() / 2,
+                   (draft.cand_marginal_lp * 2).round() / 2)
+    stopped_early = 0
+    for corrector in (PathCorrector(drafter, target, block), NoCorrection()):
+        for d, width, budget, bonus in itertools.product((draft, coarse), (2, 4), (1, 3, 8), (0.0, -0.2, -1.0)):
+            builders = [DepthwiseBuilder(d, corrector, width_schedule(width), cut_bonus=bonus, cut_budget=b)
+                        for b in (None, budget)]
+            with torch.no_grad():
+                steps = [len(b.run()) for b in builders]
+            (_, whole, _), (grown, cut, _) = (b.finish(budget) for b in builders)
+            assert [path_tokens(whole, i) for i in range(whole.num_nodes + 1)] == \
+                   [path_tokens(cut, i) for i in range(cut.num_nodes + 1)]
+            assert torch.equal(whole.scores, cut.scores)
+            assert steps[1] <= steps[0] and builders[1].settled == (steps[1] < steps[0])
+            stopped_early += steps[1] < steps[0]
+            if builders[1].settled:  # and it really was settled: nothing deeper beats the B-th best key
+                keys = cut_scores(builders[0].tree(), bonus)[1:]
+                bar = keys.topk(budget).values[-1]
+                assert bool((keys[builders[0].tree().depths[1:] > steps[1]] < bar).all())
+    assert stopped_early > 0
+
+
 # ---------------------------------------------------------------------------------------------- DDTree, B > C
 def full_vocabulary_top_b(lp: torch.Tensor, budget: int):
     """Every path of depth <= D over the whole vocabulary [D, V], by summed log-prob: (scores, paths) best first."""

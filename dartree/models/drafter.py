@@ -322,7 +322,7 @@ class DominoDrafter(nn.Module):
                 head.weight.copy_(full.detach()[self.draft_vocab.to(full.device)])
             head.weight.requires_grad_(False)
             from .rows_kernel import route_like_target
-            route_like_target(head, target)
+            route_like_target(head, target, head_rows=self.draft_vocab)  # the head's own blocks, if any
             # a plain attribute, not a submodule: it is derived from the target, never saved or trained
             object.__setattr__(self, "_head_cache", (key, head))
         return self._head_cache[1]

@@ -164,6 +164,26 @@ def exact_block_panels(model: torch.nn.Module, panels: dict[str, BlockPanels]) -
             and rebuild_mismatches(p, modules[name].weight) == 0}
 
 
+def head_block_panels(target, blocks: dict[str, BlockPanels]) -> BlockPanels | None:
+    """The embedded target's LM head as its exact Q8_0 block panels, whichever weights its own linears stream.
+
+    The drafter's draft head is a row slice of this head (`BlockPanels.select_rows`, `route_like_target`): its
+    blocks rebuild the same fp32 weights bit for bit, so the draft's logits are unchanged while a round
+    reads ~10 MB instead of the ~38 MB of fp32 rows (16,384 x 576). DARTREE_WEIGHTS governs what the target's
+    passes stream, and plain decoding never uses the draft head, so it holds on both. `blocks`: the ones the
+    target already has (`target_block_panels`), else they are read from the panels cache.
+    """
+    head = target.model.get_output_embeddings()
+    name = next((n for n, m in target.model.named_modules() if m is head), None)
+    if name in blocks:
+        return blocks[name]
+    if target.name != EMBEDDED_NAME or target.device.type != "cpu" or target.dtype != torch.float32 \
+            or not rows_kernel_available():
+        return None
+    found = cached_panels_from_gguf(target.model, embedded_gguf_path(), converted_dir() / CACHE_FILE)
+    return exact_block_panels(target.model, {name: found[name]}).get(name) if name in found else None
+
+
 def target_block_panels(target) -> tuple[dict[str, BlockPanels], str]:
     """The block panels `load_models` gives the target's linears, and the start-up log's words for them.
 

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError
 from .drafter import DominoDrafter, build_target_layer_ids, make_config
-from .gguf_panels import target_block_panels
+from .gguf_panels import head_block_panels, target_block_panels
 from .packed import use_packed_linears
 from .rows_kernel import describe_linear_path, route_like_target, use_rows_kernel
 from .target import EMBEDDED_NAME, Target, load_target
@@ -104,6 +104,7 @@ def load_models(target: str = EMBEDDED_NAME, drafter: str = "default", device: s
             blocks, tgt.linear_weights = target_block_panels(tgt)
             tgt.rows_kernel = use_rows_kernel(tgt.model, blocks=blocks)
             tgt.weights = "gguf" if blocks and tgt.rows_kernel else "fp32"
+            tgt.head_blocks = head_block_panels(tgt, blocks) if tgt.rows_kernel else None  # the draft head's
             tgt.packed_weights = None if tgt.rows_kernel else use_packed_linears(tgt.model)
             if tgt.device.type == "cpu":  # stderr: the CLI's --json output stays clean
                 print(f"[dartree] {describe_linear_path(tgt)}", file=sys.stderr, flush=True)

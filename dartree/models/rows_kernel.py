@@ -161,6 +161,27 @@ class BlockPanels:
             raise ValueError(f"{self.kind} block panels of a [{self.n}, {self.k}] weight must be uint8 {expected}, "
                              f"not {self.data.dtype} {tuple(self.data.shape)}")
 
+    def select_rows(self, rows: torch.Tensor) -> "BlockPanels":
+        """The block panels of the weight's rows `rows` (Q8_0 only: the draft head is a row slice of the tied
+        Q8_0 LM head). A Q8_0 panel is d[32 columns] (fp16 bytes) | q[32 k][32 columns] per 32-wide k block;
+        the weight's rows are the panels' columns, so this gathers columns and lays them out again."""
+        if self.kind != "q8_0":
+            raise ValueError(f"only Q8_0 block panels select rows, not {self.kind}")
+        count, kb = self.data.shape[:2]
+        scales = self.data[..., :2 * PANEL].reshape(count, kb, PANEL, 2).permute(0, 2, 1, 3)  # [p, col, kb, 2]
+        q = self.data[..., 2 * PANEL:].reshape(count, kb, QK, PANEL).permute(0, 3, 1, 2)  # [p, col, kb, k]
+        n = rows.numel()
+        width = -(-n // PANEL) * PANEL  # zero rows pad the last panel (zero scales rebuild zero weights)
+        picked = []
+        for part in (scales, q):
+            flat = part.reshape(count * PANEL, kb, part.shape[-1])
+            out = flat.new_zeros(width, kb, part.shape[-1])
+            out[:n] = flat[rows.to(flat.device)]
+            picked.append(out.view(-1, PANEL, kb, part.shape[-1]))
+        scales, q = picked[0].permute(0, 2, 1, 3), picked[1].permute(0, 2, 3, 1)  # [p, kb, col, 2], [p, kb, k, col]
+        data = torch.cat([scales.reshape(width // PANEL, kb, -1), q.reshape(width // PANEL, kb, -1)], dim=-1)
+        return BlockPanels(self.kind, data.contiguous(), n, self.k)
+
 
 def rows_linear(x: torch.Tensor, panels, n: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for fp32 CPU tensors through the kernel (which must be available).
@@ -289,11 +310,20 @@ def use_rows_kernel(model: torch.nn.Module, skip: tuple[str, ...] = (),
     return True
 
 
-def route_like_target(module: torch.nn.Module, target, skip: tuple[str, ...] = ()) -> None:
+def route_like_target(module: torch.nn.Module, target, skip: tuple[str, ...] = (),
+                      head_rows: torch.Tensor | None = None) -> None:
     """Give `module` (a drafter, or its draft head) the CPU linear path `load_models` chose for `target`:
-    the kernel, MKL packs sharing the target's LRU, or neither."""
+    the kernel, MKL packs sharing the target's LRU, or neither.
+
+    `head_rows`: `module` is the linear made of these rows of the target's LM head (the draft head), so it
+    streams their slice of the head's block panels where the target has them (`target.head_blocks`).
+    """
     if getattr(target, "rows_kernel", False):
-        use_rows_kernel(module, skip)
+        head_blocks = getattr(target, "head_blocks", None)
+        blocks = None
+        if head_rows is not None and head_blocks is not None:
+            blocks = {"": head_blocks.select_rows(head_rows)}
+        use_rows_kernel(module, skip, blocks=blocks)
     elif getattr(target, "packed_weights", None) is not None:
         use_packed_linears(module, target.packed_weights, skip)
 

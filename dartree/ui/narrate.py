@@ -40,6 +40,9 @@ def _depth(rec: DepthRecord, session) -> str:
     how = METHODS[s.method].depth_caption.format(kept=dv["kept"], width=s.width)
     sentence = (f"Depth {rec.depth}: expanded {len(dv['frontier'])} frontier node(s) × {dv['candidates']} "
                 f"candidates = {dv['examined']} children, re-scored them with the correction head and {how}.")
+    if rec.settled:
+        sentence += (f" It stops before depth {s.depth}: every frontier node already ranks below the B-th best node "
+                     "for the cut, and a child never ranks above its parent, so nothing deeper could be kept.")
     if session.decoder.next_stage == "prune":
         sentence += f" The tree is complete with {len(session.round.alive) - 1} nodes: press Prune."
     return sentence
