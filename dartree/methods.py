@@ -38,7 +38,7 @@ def _depthwise(schedule):
     (`cut_budget`), so it stops growing once no deeper node could make its cut; an automatic budget is chosen
     from the whole supertree's scores, so that one grows every depth."""
     def make(s, draft, corrector, cut_bonus):
-        cut_budget = None if cut_bonus is None or s.auto_budget else s.budget
+        cut_budget = None if s.auto_budget else s.budget  # used only with a cut (cut_bonus)
         return DepthwiseBuilder(draft, corrector, schedule(s), s.depth, cut_bonus, s.score_temperature, s.top_p,
                                 cut_budget)
     return make

@@ -263,9 +263,9 @@ class DepthwiseBuilder:
     def done(self) -> bool:
         return self.current_depth >= self.depth or self.frontier.shape[0] == 0 or self.settled
 
-    def _settle(self, d: int, frontier_scores: torch.Tensor) -> None:
-        """After depth d: is the top-B cut settled? (See the class docstring.)"""
-        keys = cut_keys(frontier_scores, torch.full_like(self._depths[-1], d), self.cut_bonus)
+    def _settle(self) -> None:
+        """After a depth: is the top-B cut settled? (See the class docstring; the frontier is that depth's nodes.)"""
+        keys = cut_keys(self.frontier_scores, self._depths[-1], self.cut_bonus)
         best = torch.cat([self._best_keys, keys])
         self._best_keys = best.topk(min(self.cut_budget, best.shape[0])).values
         if self._best_keys.shape[0] == self.cut_budget:
@@ -304,7 +304,7 @@ class DepthwiseBuilder:
         self._size += keep
         self.current_depth = d
         if self.cut_budget is not None and d < self.depth and keep > 0:
-            self._settle(d, self.frontier_scores)
+            self._settle()
         if not self.done:
             self.frontier_states = self.corrector.advance(new_tokens, self.frontier_states[parent_slot])
         return DepthExpansion(

@@ -50,7 +50,6 @@ def test_depth_records_carry_every_candidate_and_the_cut(models):
     assert verify.to_frame()["accepted"].iloc[0]
 
 
-
 def test_a_settled_round_has_fewer_depth_steps_and_its_last_one_says_so(models):
     """dartree with a fixed B stops growing once no deeper node could make the cut (dartree.tree)."""
     target, drafter = models

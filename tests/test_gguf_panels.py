@@ -201,10 +201,6 @@ def test_other_targets_keep_fp32_panels_and_the_log_line_says_which(monkeypatch)
     assert line == "CPU linears: the row kernel (rows_linear.c), the GGUF's Q4_1 blocks for 3 of 3"
 
 
-# ---- the real embedded target -------------------------------------------------------------------------
-
-
-
 @pytest.mark.parametrize("n,k", [(100, 64), (64, 96), (7, 32)])
 def test_selected_rows_of_q8_0_panels_rebuild_those_rows(n, k):
     """The draft head is a row slice of the tied Q8_0 LM head: `select_rows` re-lays the slice's blocks."""
@@ -244,6 +240,9 @@ def test_a_draft_head_streams_its_rows_of_the_targets_q8_0_head_and_decodes_as_p
     draft_head = drafter._head_cache[1]
     blocks = draft_head.__dict__["_rows_blocks"][1]
     assert blocks.kind == "q8_0" and rebuild_mismatches(blocks, draft_head.weight) == 0
+
+
+# ---- the real embedded target -------------------------------------------------------------------------
 
 
 @pytest.mark.real

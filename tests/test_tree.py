@@ -257,7 +257,6 @@ def test_a_depth_bonus_prefers_shallow_nodes_and_a_positive_one_is_refused():
     assert torch.equal(cut_scores(tree, 0.0), tree.scores)
 
 
-
 @pytest.mark.parametrize("seed", range(4))
 def test_a_settled_builder_stops_early_and_cuts_exactly_the_whole_supertree(models, seed):
     """With its budget known, the builder stops once no deeper node could make the cut, and the cut of what it

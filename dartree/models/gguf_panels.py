@@ -177,11 +177,24 @@ def head_block_panels(target, blocks: dict[str, BlockPanels]) -> BlockPanels | N
     name = next((n for n, m in target.model.named_modules() if m is head), None)
     if name in blocks:
         return blocks[name]
-    if target.name != EMBEDDED_NAME or target.device.type != "cpu" or target.dtype != torch.float32 \
-            or not rows_kernel_available():
+    if _without_gguf_blocks(target):
         return None
-    found = cached_panels_from_gguf(target.model, embedded_gguf_path(), converted_dir() / CACHE_FILE)
+    found = _embedded_panels(target)
     return exact_block_panels(target.model, {name: found[name]}).get(name) if name in found else None
+
+
+def _without_gguf_blocks(target) -> str | None:
+    """Why `target` cannot stream GGUF blocks (the start-up log's words), or None where it can."""
+    if target.name != EMBEDDED_NAME:
+        return "fp32 panels (no GGUF behind this target)"
+    if target.device.type != "cpu" or target.dtype != torch.float32 or not rows_kernel_available():
+        return "fp32 panels"  # the row kernel is a CPU fp32 path: it does not run here
+    return None
+
+
+def _embedded_panels(target) -> dict[str, BlockPanels]:
+    """Every linear's block panels of the embedded target's GGUF, from the panels cache."""
+    return cached_panels_from_gguf(target.model, embedded_gguf_path(), converted_dir() / CACHE_FILE)
 
 
 def target_block_panels(target) -> tuple[dict[str, BlockPanels], str]:
@@ -192,12 +205,11 @@ def target_block_panels(target) -> tuple[dict[str, BlockPanels], str]:
     """
     if weights_choice() == "fp32":
         return {}, f"fp32 panels ({WEIGHTS_ENV}=fp32)"
-    if target.name != EMBEDDED_NAME:
-        return {}, "fp32 panels (no GGUF behind this target)"
-    if target.device.type != "cpu" or target.dtype != torch.float32 or not rows_kernel_available():
-        return {}, "fp32 panels"  # the row kernel is a CPU fp32 path: it does not run here
+    reason = _without_gguf_blocks(target)
+    if reason:
+        return {}, reason
     linears = sum(isinstance(m, torch.nn.Linear) for m in target.model.modules())
-    found = cached_panels_from_gguf(target.model, embedded_gguf_path(), converted_dir() / CACHE_FILE)
+    found = _embedded_panels(target)
     exact = exact_block_panels(target.model, found)
     kinds = "/".join(sorted({p.kind.upper() for p in exact.values()}))
     words = f"the GGUF's {kinds} blocks for {len(exact)} of {linears} linears" if exact else "fp32 panels"
