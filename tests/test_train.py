@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from dartree.errors import UserError
 from dartree.models.drafter import DominoDrafter, make_config
 from dartree.models.target import Target
 from dartree.train import datagen, stream
 from dartree.train.batch import build_batch, drafter_logits
 from dartree.train.card import KEPT_CARD_SECTIONS, history_section, read_card_sections, replace_card_section, write_card
-from dartree.train.cli import _drafter_spec, _train_config, add_train_arguments
+from dartree.train.cli import _also_data, _drafter_spec, _train_config, add_train_arguments
 from dartree.train.evaluate import evaluate_chain
 from dartree.train.presets import get_preset
 from dartree.train.trainer import (AnchorSampler, SeqStore, TrainConfig, draft_vocab_from_data, init_from_target, load_checkpoint,
@@ -117,12 +118,17 @@ def test_shards_are_resumable_and_deterministic(target, tmp_path):
     # features-only pass fills a deleted features shard with the same values
     saved = np.load(datagen.features_path(feat, 2))
     datagen.features_path(feat, 2).unlink()
+    assert datagen.fill_missing_features(target, tok, feat, LAYERS, progress=False, max_shards=2) == 0  # 0-1 only
     assert datagen.fill_missing_features(target, tok, feat, LAYERS, progress=False, log=lambda *a: None) == 1
     np.testing.assert_allclose(np.load(datagen.features_path(feat, 2)).astype(np.float32), saved.astype(np.float32),
                                rtol=1e-2, atol=1e-2)
     store = SeqStore.from_shards(tok, feat)
     assert len(store) == 9 and store.ids(0).tolist() == first[0]["ids"][:first[0]["offsets"][1]].tolist()
     assert len(SeqStore.from_shards(tok, feat, max_shards=2)) == 7  # shards 0 and 1: a recorded run's data only
+    # another data stage's shards append after the store's own (--also-data): indices, ids and features
+    added = store.add_shards(tok, feat, max_shards=1)
+    assert added == range(9, 13) and store.ids(9).tolist() == store.ids(0).tolist()
+    assert torch.equal(store.features(12), store.features(3))
     assert not list(tok.glob("*.tmp*")) and not list(feat.glob("*.tmp*"))
 
 
@@ -291,13 +297,16 @@ def test_cli_arguments_reach_the_configs():
     p = argparse.ArgumentParser()
     add_train_arguments(p)
     args = p.parse_args(["--preset", "smollm2-cpu", "--stage", "train", "--steps", "7", "--init", "random",
-                         "--autocast", "off", "--drafter-layers", "3", "--anchor-balance", "0.5"])
+                         "--autocast", "off", "--drafter-layers", "3", "--gru-hidden", "512", "--anchor-balance", "0.5"])
     preset = get_preset(args.preset)
     cfg = _train_config(preset, args)
     assert (cfg.steps, cfg.init, cfg.autocast, cfg.anchor_balance) == (7, "random", "off", 0.5)
-    assert _drafter_spec(preset, args)["num_layers"] == 3
+    assert (_drafter_spec(preset, args)["num_layers"], _drafter_spec(preset, args)["gru_hidden_dim"]) == (3, 512)
     assert preset["drafter"]["target_layer_ids"] == [1, 8, 14, 20, 27]
     assert preset["drafter"]["mask_token_id"] == 16 and preset["drafter"]["block_size"] == 8
+    assert [_also_data(x) for x in ("smollm2-cpu", "smollm2-cpu:60")] == [("smollm2-cpu", None), ("smollm2-cpu", 60)]
+    with pytest.raises(UserError, match="whole number"):
+        _also_data("smollm2-cpu:many")
 
 
 def test_stop_at_ends_early_on_the_full_schedule(target, generated):
@@ -361,6 +370,27 @@ def test_a_fine_tuning_leg_keeps_the_drafters_draft_vocabulary(target, generated
     for d in (fresh, tuned):
         d.set_draft_vocab(shipped)
     train(target, fresh, store, train_ids, held, cfg, log=lambda *a: None)
-    train(target, tuned, store, train_ids, held, cfg, log=lambda *a: None, keep_draft_vocab=True)
+    train(target, tuned, store, train_ids, held, cfg, log=lambda *a: None, draft_vocab="keep")
     assert not torch.equal(fresh.draft_vocab, shipped)  # a fresh run re-derives it from its data
     assert torch.equal(tuned.draft_vocab, shipped)
+
+
+def test_a_remapped_draft_vocabulary_keeps_the_rows_of_shared_tokens(target, generated):
+    drafter = tiny_drafter(draft_vocab_size=16)
+    drafter.set_draft_vocab(list(range(VOCAB - 16, VOCAB)))
+    before = {int(t): drafter.embed_proj[2].weight[c].clone() for c, t in enumerate(drafter.draft_vocab)}
+    new = sorted(set(range(VOCAB - 8, VOCAB)) | set(range(8)))  # keeps the top 8 ids, adds 8 others
+    assert drafter.remap_draft_vocab(new) == 8
+    assert drafter.draft_vocab.tolist() == new
+    for c, t in enumerate(new):  # brute force, token by token
+        want = before[t] if t in before else torch.zeros_like(before[VOCAB - 1])
+        assert torch.equal(drafter.embed_proj[2].weight[c], want), t
+    # a fine-tuning leg with draft_vocab="remap" ends on its data's vocabulary
+    store = store_of(generated)
+    train_ids, held = split_heldout(store, 0)
+    cfg = TrainConfig(steps=1, lr=3e-3, warmup_steps=1, seqs_per_step=2, anchors_per_seq=4, eval_every=0,
+                      ckpt_every=0, log_every=0)
+    fresh = tiny_drafter(draft_vocab_size=16)
+    train(target, fresh, store, train_ids, held, cfg, log=lambda *a: None)
+    train(target, drafter, store, train_ids, held, cfg, log=lambda *a: None, draft_vocab="remap")
+    assert torch.equal(drafter.draft_vocab, fresh.draft_vocab)

@@ -279,6 +279,22 @@ class DominoDrafter(nn.Module):
         self.check_draft_vocab()
         self._head_cache = None
 
+    @torch.no_grad()
+    def remap_draft_vocab(self, token_ids) -> int:
+        """Switch a trained drafter to another draft vocabulary of the same size, keeping what it learnt.
+
+        Only ``embed_proj.2`` has a row per draft token (the base logits are the target's head rows, looked
+        up by id): a token in both vocabularies keeps its row, a new token gets a zero row (no correction: its
+        logit is the target head's). Returns how many tokens are new.
+        """
+        old = self.draft_vocab.clone()
+        self.set_draft_vocab(token_ids)
+        out = self.embed_proj[2].weight  # (draft vocab, emb_dim)
+        cols = torch.searchsorted(old, self.draft_vocab).clamp(max=old.numel() - 1)
+        kept = old[cols] == self.draft_vocab
+        out.copy_(torch.where(kept[:, None], out[cols], torch.zeros_like(out)))
+        return int((~kept).sum())
+
     def check_draft_vocab(self) -> None:
         if self.draft_vocab is None:
             return

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
 from ..models.drafter import DominoDrafter
 from ..models.target import load_target
 from .card import (KEPT_CARD_SECTIONS, git_commit, history_section, read_card_sections, replace_card_section,
@@ -42,6 +43,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="stop and export at this step of the --steps schedule (resumable runs split by time)")
     g.add_argument("--max-shards", type=int, default=None,
                    help="train on the first N data shards only (default: all; the data stage adds shards over time)")
+    g.add_argument("--also-data", action="append", default=[], metavar="PRESET[:N]",
+                   help="also train on another preset's data (its first N shards with features); training only, "
+                        "the held-out slice stays the preset's own. Repeatable")
     g.add_argument("--lr", type=float, default=None)
     g.add_argument("--seqs-per-step", type=int, default=None)
     g.add_argument("--anchors-per-seq", type=int, default=None)
@@ -56,7 +60,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--init-from", default=None,
                    help="start from this drafter folder's weights and draft vocabulary (a fine-tuning leg on new "
                         "data); a fresh schedule and optimizer")
-    g.add_argument("--drafter-layers", type=int, default=None)
+    g.add_argument("--draft-vocab", choices=("keep", "data"), default="keep",
+                   help="with --init-from: keep its draft vocabulary, or take this data's (the shared tokens keep "
+                        "their learnt rows)")
+    g.add_argument("--drafter-layers", type=int, default=None, help="backbone layers (capacity runs; preset: 2)")
+    g.add_argument("--gru-hidden", type=int, default=None, help="the correction head's GRU width (preset: 256)")
     g.add_argument("--autocast", choices=("bf16", "off"), default=None,
                    help="bf16 matmuls with fp32 weights (default, ~4x faster on this AMX CPU) or plain fp32")
     g.add_argument("--seed", type=int, default=None)
@@ -89,6 +97,8 @@ def _drafter_spec(preset: dict, args) -> dict:
     spec = dict(preset["drafter"])
     if getattr(args, "drafter_layers", None):
         spec["num_layers"] = args.drafter_layers
+    if getattr(args, "gru_hidden", None):
+        spec["gru_hidden_dim"] = args.gru_hidden
     return spec
 
 
@@ -115,7 +125,22 @@ def _load(args, preset, device=None):
         raise SystemExit("no training data with features: run --stage data first (or --features-only)")
     cfg = _train_config(preset, args)
     train_ids, heldout_ids = split_heldout(store, cfg.heldout_seqs)
+    for name, n_shards in map(_also_data, getattr(args, "also_data", None) or []):
+        other = get_preset(name)
+        if (other["target"], other["drafter"]["target_layer_ids"]) != (preset["target"], preset["drafter"]["target_layer_ids"]):
+            raise UserError(f"--also-data {name}: its features come from another target or other layers")
+        added = store.add_shards(tokens_dir(name), features_dir(name), n_shards)
+        print(f"[train] + {len(added)} training sequences of {name}", flush=True)
+        train_ids += list(added)
     return target, store, cfg, train_ids, heldout_ids
+
+
+def _also_data(spec: str) -> tuple[str, int | None]:
+    """'PRESET' or 'PRESET:N' -> (preset, shard limit)."""
+    name, _, n = spec.partition(":")
+    if n and not n.isdigit():
+        raise UserError(f"--also-data {spec!r}: N must be a whole number of shards")
+    return name, int(n) if n else None
 
 
 def _stage_train(args, preset) -> dict:
@@ -137,14 +162,15 @@ def _stage_train(args, preset) -> dict:
             "tokens (all)": store.num_tokens(), "response tokens (all)": store.num_response_tokens(),
             "token ids": str(tokens_dir(args.preset).relative_to(REPO_ROOT))
             if tokens_dir(args.preset).is_relative_to(REPO_ROOT) else str(tokens_dir(args.preset)),
-            "generation": json.dumps(preset["data"])}
+            "generation": json.dumps(preset["data"]),
+            **({"also trained on": ", ".join(args.also_data)} if getattr(args, "also_data", None) else {})}
     print(f"[train] {data}", flush=True)
     phase = {"command": _command_line(), "commit": git_commit(REPO_ROOT), "schedule_steps": cfg.steps,
              "init": phase_init,
              "stop_at": cfg.stop_at, "shards": len(store.shards), "train_sequences": len(train_ids),
              "response_tokens": data["response tokens (all)"]}
     history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist, phase=phase,
-                    keep_draft_vocab=bool(args.init_from))
+                    draft_vocab=("remap" if args.draft_vocab == "data" else "keep") if args.init_from else "data")
     if not dist.is_main:
         dist.close()
         return {}

@@ -273,9 +273,11 @@ def generate_shards(target: Target, plan: Plan, *, tok_dir: Path, feat_dir: Path
 
 
 def fill_missing_features(target: Target, tok_dir: Path, feat_dir: Path, feature_layers, batch_size=8,
-                          progress=True, log=print) -> int:
-    """Teacher-forced pass for shards whose features are absent (e.g. a fresh checkout)."""
-    missing = [k for k in list_shards(tok_dir) if not features_path(feat_dir, k).is_file()]
+                          progress=True, log=print, max_shards: int | None = None) -> int:
+    """Teacher-forced pass for shards whose features are absent (e.g. a fresh checkout); only the first
+    `max_shards` shards when given (features take ~6 kB a token: all of a preset may not fit the disk)."""
+    shards = list_shards(tok_dir)[:max_shards]
+    missing = [k for k in shards if not features_path(feat_dir, k).is_file()]
     for k in tqdm(missing, unit="shard", disable=not progress):
         t = read_tokens(tokens_path(tok_dir, k))
         seqs = [t["ids"][a:b].astype(np.int64).tolist() for a, b in zip(t["offsets"][:-1], t["offsets"][1:])]

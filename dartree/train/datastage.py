@@ -54,7 +54,9 @@ def run_datagen(args) -> dict:
     tok_dir, feat_dir = tokens_dir(args.preset), features_dir(args.preset)
     progress = not args.no_progress
     if args.features_only:
-        n = fill_missing_features(target, tok_dir, feat_dir, layers, progress=progress)
+        limit = getattr(args, "max_prompts", None)  # --max-prompts N: the shards of the plan's first N prompts
+        n = fill_missing_features(target, tok_dir, feat_dir, layers, progress=progress,
+                                  max_shards=None if limit is None else -(-limit // d["shard_size"]))
         return {"recomputed_shards": n}
     manifest = {"target": preset["target"], "shard_size": d["shard_size"], "max_new_tokens": d["max_new_tokens"],
                 "max_prompt_tokens": d["max_prompt_tokens"], "prompt_file": "train_prompts.jsonl", "dtype": d["dtype"],

@@ -60,23 +60,29 @@ class SeqStore:
         """Shards 0, 1, ... of the data stage (the first `max_shards` of them when given: data keeps
         growing across sessions, and a recorded run must still see exactly the data it trained on)."""
         store = cls()
-        shards = list_shards(tok_dir)
-        for k in shards if max_shards is None else shards[:max_shards]:
+        store.add_shards(tok_dir, feat_dir, max_shards)
+        return store
+
+    def add_shards(self, tok_dir: Path, feat_dir: Path, max_shards: int | None = None) -> range:
+        """Appends the sequences of a data stage's shards (see `from_shards`); returns their indices."""
+        first = len(self)
+        for k in list_shards(tok_dir)[:max_shards]:
             fpath = features_path(feat_dir, k)
             if not fpath.is_file():
-                print(f"[train] shard {k:05d} has no features (run the data stage with --features-only); skipped")
+                print(f"[train] shard {k:05d} of {tok_dir.name} has no features (run the data stage with "
+                      f"--features-only); skipped")
                 continue
             t = read_tokens(tokens_path(tok_dir, k))
             feats = np.load(fpath, mmap_mode="r")
             fo = feature_offsets(t["offsets"])
             if feats.shape[0] != fo[-1]:
-                print(f"[train] shard {k:05d}: features do not match its tokens; skipped")
+                print(f"[train] shard {k:05d} of {tok_dir.name}: features do not match its tokens; skipped")
                 continue
             for i in range(len(t["prompt_len"])):
                 a, b = t["offsets"][i], t["offsets"][i + 1]
-                store.add(t["ids"][a:b], t["prompt_len"][i], (feats, fo[i], fo[i + 1]), t["prompt_index"][i])
-            store.shards.append(k)
-        return store
+                self.add(t["ids"][a:b], t["prompt_len"][i], (feats, fo[i], fo[i + 1]), t["prompt_index"][i])
+            self.shards.append(k)
+        return range(first, len(self))
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -281,13 +287,15 @@ class AnchorSampler:
 
 def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: list[int], heldout_ids: list[int],
           cfg: TrainConfig, ckpt_path: Path | None = None, log=print, progress: bool = False, dist=None,
-          phase: dict | None = None, keep_draft_vocab: bool = False) -> dict:
+          phase: dict | None = None, draft_vocab: str = "data") -> dict:
     """The training loop; resumes from `ckpt_path` when it exists. Returns the history of losses/evals.
 
     `phase` (the command, schedule and data of this invocation) is appended to history["phases"] with
     the steps it ran: a run resumed across sessions, on growing data, keeps the record of every leg,
-    so that its card can say exactly how to reproduce it. A fresh run takes its draft vocabulary from its
-    training data, unless `keep_draft_vocab` (a drafter fine-tuned from a shipped one keeps its columns).
+    so that its card can say exactly how to reproduce it. `draft_vocab` says where a fresh run's draft
+    vocabulary comes from: "data" (its training data's most frequent response tokens), "keep" (a drafter
+    fine-tuned from a shipped one keeps its columns) or "remap" (a fine-tuned drafter moves to its new
+    data's vocabulary, keeping the learnt rows of the tokens both share; `DominoDrafter.remap_draft_vocab`).
 
     `dist` (a DistContext) runs it data-parallel: rank r samples with seed + r, DDP averages the
     gradients, and only rank 0 logs, evaluates and checkpoints.
@@ -312,9 +320,14 @@ def train(target: Target, drafter: DominoDrafter, store: SeqStore, train_ids: li
             rng = np.random.default_rng([cfg.seed + dist.rank, step])
         log(f"[train] resumed from {ckpt_path} at step {step}")
     elif drafter.draft_vocab is not None:  # a fresh run: its draft vocabulary comes from its training data
-        if not keep_draft_vocab:
-            drafter.set_draft_vocab(draft_vocab_from_data(store, train_ids, drafter.cfg.draft_vocab_size,
-                                                          always=target.eos_token_ids))
+        if draft_vocab not in ("data", "keep", "remap"):
+            raise ValueError(f"draft_vocab must be data, keep or remap, not {draft_vocab!r}")
+        if draft_vocab != "keep":
+            ids = draft_vocab_from_data(store, train_ids, drafter.cfg.draft_vocab_size, always=target.eos_token_ids)
+            if draft_vocab == "remap":
+                log(f"[train] draft vocabulary remapped: {drafter.remap_draft_vocab(ids)} new tokens")
+            else:
+                drafter.set_draft_vocab(ids)
         covered = np.isin(np.concatenate([store.ids(i)[store.prompt_len(i):] for i in heldout_ids]),
                           drafter.draft_vocab.cpu().numpy()).mean() if heldout_ids else float("nan")
         log(f"[train] draft vocabulary: {drafter.cfg.draft_vocab_size} tokens, "
