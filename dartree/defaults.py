@@ -12,6 +12,13 @@ ar,dartree:W=4:B=8:bonus=0,...,dartree:W=12:B=32:bonus=-0.2 --costs assets/bench
 assets/benchmarks/depth-bonus-cpu.json): W = 4, B = 8: τ 2.3235 / 2.3317 / 2.3333 (44.40 / 44.55 / 44.58
 predicted tok/s); W = 12, B = 32: τ 2.7099 / 2.7232 / 2.7299. A small but consistent gain, and the
 reference's value.
+Drafter v2 (stop 23, issue #21; docs/training.md): the shipped drafter changed after these sweeps. Its dev bench
+(assets/benchmarks/drafter-v2/dev.json) keeps W = 4, B = 8 ahead: 2.10x with retrieval (τ 3.35), 1.53x without
+(τ 2.40), against W = 12, B = 32's 1.21x (τ 2.86). Its bonus, re-swept (the sweep above with --drafter and
+--configs ar,dartree:bonus=0,...,dartree:bonus=-0.3,dartree:W=4:B=8:retrieval=none:bonus=0,...:bonus=-0.2;
+assets/benchmarks/drafter-v2/depth-bonus.json): with retrieval τ 3.3859 / 3.3518 / 3.3518 / 3.2791 at 0 / -0.1 /
+-0.2 / -0.3 (predicted 2.340x / 2.334x / 2.340x / 2.290x); without, 2.3886 at 0 and 2.4007 at -0.2. No value wins
+both, and the predicted speeds tie: -0.2 stays.
 CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64, and the depth bonus -0.2 of its pruned
 runs): a GPU verifies 64 tokens for little more than the cost of one.
 """

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from dartree.draft import DrafterContext, draft_block
 from dartree.errors import UserError
 from dartree.models.drafter import DominoDrafter, build_target_layer_ids
+from dartree.models.loading import describe_checkpoint
 from tiny import tiny_drafter, tiny_target
 
 PUBLIC_PREFIXES = ("layers.", "fc.", "hidden_norm.", "norm.", "prefix_gru.", "embed_proj.0.", "embed_proj.2.")
@@ -96,6 +97,19 @@ def test_missing_and_corrupt_checkpoints_are_clear_errors(tmp_path):
     (folder / "config.json").write_text("{broken")
     with pytest.raises(UserError, match="JSON"):
         DominoDrafter.from_pretrained(folder)
+
+
+def test_the_description_names_a_fine_tuned_drafters_lineage(tmp_path):
+    folder = tmp_path / "ckpt"
+    tiny_drafter(tiny_target()).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["dartree_training"] = {"train_tokens": 1317818, "steps": 4000}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert describe_checkpoint(folder) == "trained on 1,317,818 response tokens, 4000 steps (see ckpt/TRAINING.md)"
+    config["dartree_training"]["parent"] = {"train_tokens": 2785587, "steps": 30000}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert describe_checkpoint(folder) == ("trained on 1,317,818 response tokens, 4000 steps, fine-tuned from one "
+                                           "trained on 2,785,587 response tokens, 30000 steps (see ckpt/TRAINING.md)")
 
 
 def test_a_drafter_for_another_target_is_refused():

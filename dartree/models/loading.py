@@ -64,9 +64,16 @@ def describe_checkpoint(folder: Path) -> str:
     info = json.loads((folder / "config.json").read_text()).get("dartree_training")
     if not info:
         return f"checkpoint {folder.name} (no training record)"
+    text = f"trained on {_training_amount(info)}"
+    if info.get("parent"):  # a fine-tuning leg (--init-from) records the drafter it started from
+        text += f", fine-tuned from one trained on {_training_amount(info['parent'])}"
+    return f"{text} (see {folder.name}/TRAINING.md)"
+
+
+def _training_amount(info: dict) -> str:
     tokens = info.get("train_tokens")
     tokens = f"{tokens:,}" if isinstance(tokens, int) else "?"
-    return f"trained on {tokens} response tokens, {info.get('steps', '?')} steps (see {folder.name}/TRAINING.md)"
+    return f"{tokens} response tokens, {info.get('steps', '?')} steps"
 
 
 def load_drafter(name: str, target: Target) -> tuple[DominoDrafter | None, str]:

@@ -182,6 +182,8 @@ def _stage_train(args, preset) -> dict:
               "init": phase_init,
               "train_tokens": data["response tokens (all)"], "train_sequences": data["sequences (train)"],
               "command": _command_line()}
+    if args.init_from:  # the drafter this leg started from (its own record: the checkpoint's lineage)
+        record["parent"] = json.loads((Path(args.init_from) / "config.json").read_text()).get("dartree_training")
     size = export(drafter, out, record=record)
     summary = summarize(history)
     write_json(features_dir(args.preset) / "ckpt" / f"{args.run_name}-summary.json",
