@@ -27,7 +27,8 @@ from dartree.train.presets import get_preset
 from dartree.train.trainer import SeqStore, draft_vocab_from_data
 
 BLOCK = get_preset("smollm2-cpu-v2")["drafter"]["block_size"]  # K: an anchor and its K - 1 labels
-# corrected top-1 accuracy at block positions 1-7, held-out, from the shipped drafter's card
+# corrected top-1 accuracy at block positions 1-7, held-out, from the v1 drafter's card (the drafter shipped when
+# the table in docs/training.md was made: `git show 1233df8:assets/drafter-smollm2/TRAINING.md`)
 CARD_TOP1 = [0.658, 0.591, 0.574, 0.549, 0.516, 0.482, 0.434]
 
 

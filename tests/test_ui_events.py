@@ -236,11 +236,16 @@ def test_figures_from_plain_values_only():
     assert pos[4][1] == pytest.approx(1 - 1.25 / 6) and pos[5][1] == pytest.approx(0.5)  # weights 2.5, 1, 2.5
 
 
-def test_retrieval_round_marks_retrieved_nodes_and_counts_them(canonical, plain):
+RETRIEVAL_PROMPT = "Write the days of the week in order, then write them again in order."  # it repeats itself
+
+
+def test_retrieval_round_marks_retrieved_nodes_and_counts_them(canonical, models):
     """Retrieval on: the prune adds the retrieved chains to the supertree (own markers), the captions count
-    what each source proposed and how many were accepted, and the output stays plain decoding's."""
+    what each source proposed and how many were accepted, and the output stays plain decoding's. The prompt's
+    answer repeats itself, so the context's n-grams and the successor table propose chains the drafter did not
+    (a chain the drafter also proposed merges into the drafted nodes and keeps their marker)."""
     session = copy.deepcopy(canonical)
-    values = dict(SMALL, retrieval="both", max_new_tokens=40)
+    values = dict(SMALL, prompt=RETRIEVAL_PROMPT, retrieval="both", max_new_tokens=24)
     for _ in range(8):  # rounds until one has retrieved nodes of its own in its supertree
         out = event(session, "round", **values)
         retrieved = [n for n in session.round.alive if n.source != "draft"]
@@ -254,7 +259,9 @@ def test_retrieval_round_marks_retrieved_nodes_and_counts_them(canonical, plain)
     assert sum(s != "circle" for s in symbols) == len(retrieved)
     assert "ngram:" in out["verify_fig"].layout.title.text and "accepted" in out["verify_fig"].layout.title.text
     out = event(session, "end", **values)
-    assert out["summary"]["output_ids"][:len(plain)] == plain and out["summary"]["settings"]["retrieval"] == "both"
+    target = models.target
+    plain = generate(target, None, target.chat_ids(RETRIEVAL_PROMPT), DecodeSettings(method="ar", max_new_tokens=24))
+    assert out["summary"]["output_ids"] == plain.token_ids and out["summary"]["settings"]["retrieval"] == "both"
     assert Controls.of(**values).settings().retrieval == "both"
 
 
