@@ -60,8 +60,13 @@ def random_drafter(target: Target, seed: int = 0, num_layers: int = 2, block_siz
     return drafter
 
 
+def training_record(folder: Path) -> dict | None:
+    """The ``dartree_training`` record the trainer's export wrote into a drafter's config.json (None: none)."""
+    return json.loads((Path(folder) / "config.json").read_text()).get("dartree_training")
+
+
 def describe_checkpoint(folder: Path) -> str:
-    info = json.loads((folder / "config.json").read_text()).get("dartree_training")
+    info = training_record(folder)
     if not info:
         return f"checkpoint {folder.name} (no training record)"
     text = f"trained on {_training_amount(info)}"

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import UserError
 from ..models.drafter import DominoDrafter
+from ..models.loading import training_record
 from ..models.target import load_target
 from .card import (KEPT_CARD_SECTIONS, git_commit, history_section, read_card_sections, replace_card_section,
                    training_curve_section, write_card)
@@ -183,7 +184,7 @@ def _stage_train(args, preset) -> dict:
               "train_tokens": data["response tokens (all)"], "train_sequences": data["sequences (train)"],
               "command": _command_line()}
     if args.init_from:  # the drafter this leg started from (its own record: the checkpoint's lineage)
-        record["parent"] = json.loads((Path(args.init_from) / "config.json").read_text()).get("dartree_training")
+        record["parent"] = training_record(args.init_from)
     size = export(drafter, out, record=record)
     summary = summarize(history)
     write_json(features_dir(args.preset) / "ckpt" / f"{args.run_name}-summary.json",
