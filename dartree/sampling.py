@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .models.rows_kernel import load_rows_kernel, rows_kernel_available
+
 
 def processed_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
     """Rows of probabilities after temperature scaling and nucleus (top-p) filtering."""
@@ -24,10 +26,35 @@ def processed_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0
 
 def next_tokens(logits: torch.Tensor, temperature: float, top_p: float,
                 generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row: the argmax at temperature 0, else one independent draw per row."""
+    """One token per row: the argmax at temperature 0, else one independent draw per row.
+
+    Where the C kernels are built, fp32 CPU logits at top-p 1 draw in `models/sample_rows.c` (one call for
+    every row; the same inverse-CDF search as `draw`, over weights from the kernels' exp); everything else
+    draws here. Which path runs depends only on the settings and the device, never on the row count, so
+    plain decoding and every tree walk of one generation sample the same distribution."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
+    if top_p >= 1.0 and native_draws(logits):
+        uniforms = torch.rand(logits.shape[0], dtype=torch.float64, generator=generator)  # as many as `draw` takes
+        return native_draw(logits, temperature, uniforms)
     return draw(processed_probs(logits, temperature, top_p), generator)
+
+
+def native_draws(logits: torch.Tensor) -> bool:
+    """Whether `next_tokens` draws these logits [N, V] in C: fp32 on a CPU, with the kernels built."""
+    return logits.dtype == torch.float32 and logits.device.type == "cpu" and rows_kernel_available()
+
+
+def native_draw(logits: torch.Tensor, temperature: float, uniforms: torch.Tensor) -> torch.Tensor:
+    """One draw per row of softmax(logits / temperature) [N, V], row i with the uniform uniforms[i] in [0, 1)
+    (`models/sample_rows.c` has the search)."""
+    x = logits if logits.stride(-1) == 1 else logits.contiguous()
+    u = uniforms.to(torch.float64).contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.long)
+    if x.shape[0]:
+        load_rows_kernel()["sample_rows"](x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), 1.0 / temperature,
+                                          u.data_ptr(), out.data_ptr())
+    return out
 
 
 DRAW_BLOCK = 256  # tokens per block of the two-level search in `draw`

@@ -15,7 +15,8 @@ from scipy.stats import chisquare
 
 from dartree import TREE_METHODS
 from dartree.engine import DecodeSettings, generate
-from dartree.sampling import processed_probs
+from dartree.models.rows_kernel import rows_kernel_available
+from dartree.sampling import draw, native_draw, next_tokens, processed_probs
 from tiny import tiny_drafter, tiny_target
 
 VOCAB = 16
@@ -70,19 +71,20 @@ def sample_counts(target, drafter, settings, runs):
 EVERY_TREE_METHOD = [m if m == "dartree" else pytest.param(m, marks=pytest.mark.slow) for m in TREE_METHODS]
 
 
+@pytest.mark.parametrize("top_p", [0.9, 1.0])  # 1.0: the C draw (models/sample_rows.c), where it is built
 @pytest.mark.parametrize("method", EVERY_TREE_METHOD)
-def test_first_tokens_follow_the_target_distribution(models, method):
+def test_first_tokens_follow_the_target_distribution(models, method, top_p):
     target, drafter = models
-    settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=0.9,
+    settings = DecodeSettings(method=method, width=4, budget=24, candidates=8, temperature=0.8, top_p=top_p,
                               max_new_tokens=3)
     assert settings.resolved().score_temperature > 0  # the trees are built with the sampling scores
     assert_follows_target(target, drafter, settings)
 
 
 def assert_follows_target(target, drafter, settings):
-    """RUNS seeded generations' first three tokens against the exact joint at T = 0.8, top-p 0.9."""
+    """RUNS seeded generations' first three tokens against the exact joint at the settings' T and top-p."""
     counts = sample_counts(target, drafter, settings, runs=RUNS)
-    joint = exact_joint(target, 0.8, 0.9)
+    joint = exact_joint(target, settings.temperature, settings.top_p)
     # per-position marginals and the pairs (t1, t2), (t2, t3)
     assert pooled_chisquare(counts.sum((0, 1)), joint.sum((0, 1))) > ALPHA
     assert pooled_chisquare(counts.sum((0, 2)), joint.sum((0, 2))) > ALPHA
@@ -132,11 +134,23 @@ def test_top_p_keeps_the_smallest_nucleus():
     assert torch.allclose(processed_probs(logits, 1.0, 1.0), torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
 
 
-def test_draw_follows_its_distribution_and_never_draws_a_token_of_probability_zero():
-    """The two-level inverse-CDF draw against the exact probabilities: a vocabulary of several blocks (the last
-    one padded), zeros scattered through it and a whole zero tail (top-p's shape), chi-square per row."""
-    from dartree.sampling import DRAW_BLOCK, draw
+def _native_draw_of_probs(probs, g):
+    """models/sample_rows.c's draw of the distribution `probs` (its logits: log 0 = -inf, at T = 1)."""
+    return native_draw(torch.log(probs), 1.0, torch.rand(probs.shape[0], dtype=torch.float64, generator=g))
 
+
+needs_kernels = pytest.mark.skipif(not rows_kernel_available(), reason="the C kernels need AVX-512F and gcc")
+DRAWS = ["torch", pytest.param("native", marks=needs_kernels)]
+
+
+@pytest.mark.parametrize("which", DRAWS)
+def test_draw_follows_its_distribution_and_never_draws_a_token_of_probability_zero(which):
+    """The two-level inverse-CDF draw against the exact probabilities: a vocabulary of several blocks (the last
+    one padded), zeros scattered through it and a whole zero tail (top-p's shape), chi-square per row. For
+    both draws: `sampling.draw` over probabilities and the C draw over logits (-inf where the probability is 0)."""
+    from dartree.sampling import DRAW_BLOCK
+
+    draw_ = draw if which == "torch" else _native_draw_of_probs
     g = torch.Generator().manual_seed(0)
     vocab = 3 * DRAW_BLOCK + 37
     probs = torch.rand(3, vocab, generator=g) ** 4
@@ -148,7 +162,7 @@ def test_draw_follows_its_distribution_and_never_draws_a_token_of_probability_ze
     n = 60000
     counts = np.zeros((3, vocab))
     for _ in range(n // 1000):
-        tokens = draw(probs.repeat_interleave(1000, dim=0), g).view(3, 1000)
+        tokens = draw_(probs.repeat_interleave(1000, dim=0), g).view(3, 1000)
         for row in range(3):
             counts[row] += np.bincount(tokens[row].numpy(), minlength=vocab)
     assert (counts[probs.numpy() == 0] == 0).all()
@@ -156,11 +170,47 @@ def test_draw_follows_its_distribution_and_never_draws_a_token_of_probability_ze
         assert pooled_chisquare(counts[row], probs[row].double().numpy()) > ALPHA
 
 
-def test_the_draw_check_rejects_another_distribution():
-    from dartree.sampling import draw
+@needs_kernels
+def test_the_native_draw_is_the_torch_draw_up_to_rounding():
+    """The same uniforms give the same tokens: the two differ only in their exp's last bits, which moves a draw
+    only when its uniform falls within ~1e-6 of a cumulative boundary. And `next_tokens` at top-p 1 on fp32
+    CPU logits is the C draw, taking as many uniforms from the generator as `draw` does."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(64, 3 * 256 + 37, generator=g) * 3
+    logits[:, ::7] = -float("inf")
+    uniforms = torch.rand(64, 500, dtype=torch.float64, generator=g)
+    probs = processed_probs(logits, 0.7)
+    cdf = probs.double().cumsum(-1)
+    differ = 0
+    for j in range(500):
+        ours = native_draw(logits, 0.7, uniforms[:, j])
+        assert torch.isfinite(logits.gather(1, ours[:, None])).all()
+        theirs = torch.searchsorted(cdf / cdf[:, -1:], uniforms[:, j:j + 1].contiguous(), right=True)[:, 0]
+        differ += int((ours != theirs).sum())
+    assert differ <= 3, differ  # of 32,000 draws
+    g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    u = torch.rand(64, dtype=torch.float64, generator=g2)
+    assert torch.equal(next_tokens(logits, 0.7, 1.0, g1), native_draw(logits, 0.7, u))
+    assert torch.equal(torch.rand(3, generator=g1), torch.rand(3, generator=g2))  # the same uniforms used up
 
+
+@needs_kernels
+def test_a_row_draws_the_same_token_whatever_rows_share_its_call():
+    """Plain decoding draws one row, a tree walk B + 1 rows: a row's token must not depend on the others."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(13, 49152, generator=g) * 4
+    u = torch.rand(13, dtype=torch.float64, generator=g)
+    together = native_draw(logits, 0.8, u)
+    alone = torch.cat([native_draw(logits[i:i + 1], 0.8, u[i:i + 1]) for i in range(13)])
+    assert torch.equal(together, alone)
+    assert torch.equal(native_draw(logits[::2], 0.8, u[::2]), together[::2])  # a strided view of rows
+
+
+@pytest.mark.parametrize("which", DRAWS)
+def test_the_draw_check_rejects_another_distribution(which):
+    draw_ = draw if which == "torch" else _native_draw_of_probs
     g = torch.Generator().manual_seed(1)
     probs = torch.softmax(torch.randn(1, 300, generator=g), -1)
-    tokens = draw(probs.expand(20000, -1), g)
+    tokens = draw_(probs.expand(20000, -1), g)
     other = torch.softmax(torch.log(probs) / 0.8, -1)  # the same logits at another temperature
     assert pooled_chisquare(np.bincount(tokens.numpy(), minlength=300), other[0].double().numpy()) < ALPHA

@@ -147,3 +147,25 @@ def test_deadline_finishes_started_shards_and_starts_no_new_one(target, tmp_path
     assert stats["shards"] == 0 and datagen.list_shards(tmp_path) == []
     stats = datagen.generate_shards(target, plan, tok_dir=tmp_path, feat_dir=None, **quiet)
     assert stats["shards"] == 3 and datagen.list_shards(tmp_path) == [0, 1, 2]
+
+
+def test_sampled_responses_are_seeded_draws_not_the_greedy_text(target, tmp_path):
+    """The smollm2-cpu-t08 preset's responses (issue #24): drawn at T = 0.8 by the app's own sampler, the same
+    text again under the same seed, another text under another seed, and not the greedy text."""
+    import torch
+
+    plan = datagen.PromptList(random_prompts(8, seed=3), 4)
+
+    def shards(choose, name):
+        folder = tmp_path / name
+        datagen.generate_shards(target, plan, tok_dir=folder, feat_dir=None, batch_size=4, max_new_tokens=12,
+                                progress=False, log=lambda *a: None, choose=choose)
+        return [datagen.read_tokens(datagen.tokens_path(folder, k))["ids"].tolist() for k in (0, 1)]
+
+    def drawn(seed, name):
+        return shards(stream.sampler(0.8, 1.0, torch.Generator().manual_seed(seed)), name)
+
+    first, again, other = drawn(0, "a"), drawn(0, "b"), drawn(1, "c")
+    assert first == again
+    assert first != other
+    assert first != shards(stream.greedy, "greedy")

@@ -29,6 +29,8 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "vec.h"
+
 typedef void (*linear_fn)(const float *x, long ldx, const void *w, const float *b, float *y, long M, long K, long N);
 void rows_linear_f32(const float *, long, const float *, const float *, float *, long, long, long);
 void rows_linear_bf16w(const float *, long, const unsigned short *, const float *, float *, long, long, long);
@@ -43,25 +45,6 @@ static linear_fn linear_of(int kind) {
     case 2: return (linear_fn)rows_linear_q4_1;
     default: return (linear_fn)rows_linear_q8_0;
     }
-}
-
-static inline __mmask16 tail_mask(long left) { return left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1u); }
-
-/* exp(x) for 16 lanes, x clamped to [-87, 88]: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts), e^r by
- * its Taylor polynomial to r^7 (relative error below 1e-7 there), times 2^n. Hand-written because the
- * lossless guarantee needs one fixed exp for every row, and libm's scalar expf would cost more than the
- * attention's dot products at long contexts. */
-static inline __m512 vexp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    static const float c[8] = {1.0f / 5040, 1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
-    __m512 p = _mm512_set1_ps(c[0]);
-    for (int i = 1; i < 8; i++)
-        p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c[i]));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* y = w * (x * 1 / sqrt(mean(x^2) + eps)) for one row of H. */

@@ -5,13 +5,15 @@ bit what plain decoding gets for it one row at a time (the C file says why this 
 are read from memory once per pass whatever the row count. The weights stream as fp32 (or exact bf16)
 panels, or, for the embedded GGUF target, as the GGUF's own Q4_1 / Q8_0 blocks (`BlockPanels`, made by
 `models.gguf_panels`) rebuilt bit for bit in registers: the same results from about a sixth of the bytes.
+The same library holds a decoder layer around these products (`llama_rows.c`, used by `models.llama_native`)
+and the draws at T > 0 (`sample_rows.c`, used by `dartree.sampling`).
 
 The kernel needs AVX-512F and a C compiler (gcc, present wherever Python packages compile); where either
 is missing, or `DARTREE_ROWS_KERNEL=0`, `rows_kernel_available()` is False and `models.loading` keeps the
 MKL-packed path (`models.packed`).
 
-No torch headers or ninja are involved: one C file, one `gcc` call (~1 s), cached under
-`$DARTREE_CACHE/kernels` by a hash of the source, the flags and the compiler version.
+No torch headers or ninja are involved: the C files and the header they share, one `gcc` call (~1 s),
+cached under `$DARTREE_CACHE/kernels` by a hash of the source, the flags and the compiler version.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import torch
 from .cache_dir import cache_root
 from .packed import use_packed_linears
 
-SOURCES = (Path(__file__).with_name("rows_linear.c"), Path(__file__).with_name("llama_rows.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("rows_linear.c", "llama_rows.c", "sample_rows.c"))
+HEADERS = (Path(__file__).with_name("vec.h"),)  # included by the sources: part of the build's cache key
 # -ffp-contract=off: the GGUF block rebuild keeps gguf.quants' separate multiply and add (rows_linear.c)
 FLAGS = ("-O2", "-mavx512f", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
@@ -55,7 +58,7 @@ def _compiler() -> str | None:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
     out = cache_root() / "kernels" / f"rows_linear-{key}.so"
     if not out.exists():
@@ -103,6 +106,10 @@ def load_rows_kernel():
                 fn["llama_scratch_floats"] = lib.llama_scratch_floats
                 fn["llama_scratch_floats"].restype = ctypes.c_long
                 fn["llama_scratch_floats"].argtypes = [ctypes.c_long] * 7
+                fn["sample_rows"] = lib.sample_rows  # models/sample_rows.c: draws at T > 0
+                fn["sample_rows"].restype = None
+                fn["sample_rows"].argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long,
+                                              ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p]
                 why = "on"
             except (OSError, RuntimeError) as exc:
                 why = f"build failed: {exc}"

@@ -17,6 +17,7 @@ from .datagen import (RESERVED_FROM_ROW, PromptList, check_manifest, features_di
                       generate_shards, load_prompts, tokenize_prompts, tokens_dir)
 from .mix import MixPlan, write_mix_stats
 from .presets import get_preset
+from .stream import greedy, sampler
 
 
 def add_datagen_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +64,11 @@ def run_datagen(args) -> dict:
                 "target_layer_ids": list(layers)}
     if "mix" in d:
         manifest["mix"] = d["mix"]
+    choose = greedy
+    if d.get("response_temperature"):  # sampled responses, recorded so a later stage cannot mix in greedy ones
+        manifest["response_temperature"], manifest["response_seed"] = d["response_temperature"], d["response_seed"]
+        # a stage's draws depend on where it resumes, not only on the seed: the shards record what was drawn
+        choose = sampler(d["response_temperature"], 1.0, torch.Generator().manual_seed(d["response_seed"]))
     check_manifest(tok_dir, manifest)
     n_prompts = min(d["max_prompts"], RESERVED_FROM_ROW) if "mix" not in d else d["max_prompts"]
     if "mix" in d:
@@ -77,7 +83,8 @@ def run_datagen(args) -> dict:
     stats = generate_shards(target, plan, tok_dir=tok_dir, feat_dir=None if args.no_features else feat_dir,
                             batch_size=d["batch_size"], max_new_tokens=d["max_new_tokens"], feature_layers=layers,
                             deadline=deadline, progress=progress, on_shard=on_shard,
-                            max_batch_tokens=d.get("max_batch_tokens"), max_prefill_tokens=d.get("max_prefill_tokens"))
+                            max_batch_tokens=d.get("max_batch_tokens"), max_prefill_tokens=d.get("max_prefill_tokens"),
+                            choose=choose)
     print(f"[datagen] done: {stats}", flush=True)
     return stats
 

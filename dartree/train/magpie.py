@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.target import Target
-from ..sampling import next_tokens
-from .stream import generate_stream
+from .stream import generate_stream, sampler
 
 _SENTINEL = "\u2063MAGPIE\u2063"  # an invisible separator: cannot occur in a template
 
@@ -117,7 +116,7 @@ def sample_user_turns(target: Target, n: int, seed: int, seen: set[str], forbidd
             break
         turns: dict[int, list[int]] = {}
         generate_stream(target, [(i, prefix) for i in range(round_size)], max_tokens, batch_size=round_size,
-                        choose=lambda logits: next_tokens(logits, temperature, top_p, gen),
+                        choose=sampler(temperature, top_p, gen),
                         on_done=lambda i, g: turns.__setitem__(i, g.ids[g.prompt_len:]), **stream_kw)
         for i in range(round_size):
             ids = turns[i]

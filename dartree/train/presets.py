@@ -55,6 +55,18 @@ PRESETS: dict[str, dict] = {
         },
         "train": None,  # filled below: the first preset's recipe, anchors balanced over positions
     },
+    # Sampled responses (issue #24): the first preset's prompts answered at T = 0.8 (top-p 1) in fp32, so that a
+    # drafter also sees the target's sampled text, which a greedy-only drafter ranks worse at the root than
+    # greedy text (scripts/greedy_label_cap.py); mixed into a training leg with --also-data smollm2-cpu-t08:N.
+    "smollm2-cpu-t08": {
+        "target": "smollm2-135m",
+        "drafter": None,  # filled below: the first preset's drafter
+        "data": {
+            "max_prompt_tokens": 256, "max_new_tokens": 256, "batch_size": 64, "shard_size": 96,
+            "max_prompts": 20000, "dtype": "fp32", "response_temperature": 0.8, "response_seed": 0,
+        },
+        "train": None,  # filled below: the first preset's recipe
+    },
     # A Qwen3-class recipe for GPUs (the Huang2020/Qwen3-4B-Domino-b16 shape: 16-token blocks). Written from
     # Qwen3-4B's public config; not run here (no GPU was lent to this project). Use with --device cuda,
     # and torchrun for several GPUs (see docs/training.md).
@@ -82,6 +94,8 @@ PRESETS: dict[str, dict] = {
 
 PRESETS["smollm2-cpu-v2"]["drafter"] = dict(PRESETS["smollm2-cpu"]["drafter"])
 PRESETS["smollm2-cpu-v2"]["train"] = {**PRESETS["smollm2-cpu"]["train"], "anchor_balance": 0.5}
+PRESETS["smollm2-cpu-t08"]["drafter"] = dict(PRESETS["smollm2-cpu"]["drafter"])
+PRESETS["smollm2-cpu-t08"]["train"] = dict(PRESETS["smollm2-cpu"]["train"])
 
 
 def get_preset(name: str) -> dict:

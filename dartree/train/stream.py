@@ -22,12 +22,18 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..models.target import Target
+from ..sampling import next_tokens
 
 Chooser = Callable[[torch.Tensor], torch.Tensor]  # logits [b, V] -> next token ids [b]
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
+
+
+def sampler(temperature: float, top_p: float, generator: torch.Generator) -> Chooser:
+    """A Chooser that draws from the target's processed distribution, as the app samples at T > 0."""
+    return lambda logits: next_tokens(logits, temperature, top_p, generator)
 
 
 # ---------------------------------------------------------------------------------------------- cache
