@@ -13,7 +13,8 @@ from dartree.models.drafter import DominoDrafter, make_config
 from dartree.models.target import Target
 from dartree.train import datagen, stream
 from dartree.train.batch import build_batch, drafter_logits
-from dartree.train.card import KEPT_CARD_SECTIONS, history_section, read_card_sections, replace_card_section, write_card
+from dartree.train.card import (KEPT_CARD_SECTIONS, git_commit, history_section, read_card_sections,
+                                 replace_card_section, write_card)
 from dartree.train.cli import _also_data, _drafter_spec, _train_config, add_train_arguments
 from dartree.train.evaluate import evaluate_chain
 from dartree.train.presets import get_preset
@@ -339,6 +340,12 @@ def test_resumed_legs_are_recorded_and_rendered_in_the_card(target, generated, t
     body = history_section(history)
     assert any("| 0-2 |" in row and "`leg one`" in row for row in body)
     assert any("| 2-5 | 9 |" in row and "1,234" in row for row in body)
+    # a leg's commit: a hash cut to 10 characters, git_commit's reason for having none kept whole
+    history["phases"][0]["commit"], history["phases"][1]["commit"] = "0123456789abcdef" * 2 + "01234567", \
+        git_commit(tmp_path)
+    rows = history_section(history)
+    assert any("`0123456789`" in row for row in rows)
+    assert any("`unknown (not a git checkout, or no commit yet)`" in row for row in rows)
     # a retrain keeps the card's recipe measurements but rewrites the rest
     card = tmp_path / "TRAINING.md"
     card.write_text("# card\n\n## Measured choices\n\n| init | τ |\n\n## Compute budget\n\n| stage | min |\n\n"

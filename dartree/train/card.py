@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 import subprocess
 from pathlib import Path
 
 
 def git_commit(repo: Path) -> str:
+    """HEAD's hash, or why there is none (a copy of the tree outside a git checkout, or a checkout with no commit)."""
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (no commit yet)"
+        return "unknown (not a git checkout, or no commit yet)"
+
+
+def short_commit(commit: str) -> str:
+    """A hash cut to 10 characters; anything else (git_commit's reason) as it is."""
+    return commit[:10] if re.fullmatch(r"[0-9a-f]{40}", commit) else commit
 
 
 def write_card(folder: Path, *, command: str, repo: Path, preset: str, preset_config: dict, data: dict,
@@ -181,7 +188,7 @@ def history_section(history: dict) -> list[str]:
             "| steps | --steps | data shards | train sequences | response tokens | commit | command |",
             "|---|---|---|---|---|---|---|"]
     for leg in legs:
-        commit = str(leg.get("commit", ""))[:10]
+        commit = short_commit(str(leg.get("commit", "")))
         body.append(f"| {leg['from_step']}-{leg['to_step']} | {leg.get('schedule_steps', '')} | {leg.get('shards', '')} "
                     f"| {leg.get('train_sequences', '')} | {_thousands(leg.get('response_tokens'))} | `{commit}` "
                     f"| `{leg.get('command', '')}` |")
