@@ -1,16 +1,20 @@
 """Drafter capacity at one training budget (issue #21, item 4): backbone depth and the GRU's width.
 
-Each variant trains from scratch (`--init random`) on the same data, seed and number of steps; then one
-replay sweep on the 30 dev prompts gives its tree τ (dartree W = 4, B = 8, no retrieval: the drafter alone),
-its measured drafter pass (t_draft) and plain decoding's step (t_AR), so the table can rank the variants by
-dev τ per unit of drafter cost. Every step skips what is done (the trainer resumes from its checkpoint, a
-variant with a sweep JSON is finished), so the job runs in legs and survives a stop:
+Every variant trains the same number of steps on the same data and seed. By default each starts from the shipped
+drafter (2 layers, GRU 256): the baseline fine-tunes it as it is, the others first grow it without changing what it
+computes (`dartree/train/grow.py`: a zero-output third layer, zero-read GRU units), so the legs differ only in
+capacity and a thousand steps a variant already separate them; `--init-from none` trains every variant from
+scratch instead (from scratch, held-out chain τ is about 1.5 after 1,000 steps: many thousand steps a variant are
+needed). Then one replay sweep on the 30 dev prompts gives each variant's tree τ (dartree W = 4, B = 8, no
+retrieval: the drafter alone), its measured drafter pass (t_draft) and plain decoding's step (t_AR), so the table
+can rank the variants by dev τ per unit of drafter cost. Every step skips what is done (the trainer resumes from
+its checkpoint, a variant with a sweep JSON is finished), so the job runs in legs and survives a stop:
 
-    setsid nohup .venv/bin/python scripts/capacity.py --steps 3000 --out runs/capacity > capacity.log 2>&1 &
+    setsid nohup .venv/bin/python scripts/capacity.py --steps 1000 --out runs/capacity > capacity.log 2>&1 &
 
 t_draft is a timing: run the job with nothing else on the machine. The features of the data it names must
-exist (`python -m dartree.train --preset smollm2-cpu-v2 --stage data --features-only --max-prompts 4608`, and
-the same for smollm2-cpu with --max-prompts 5760).
+exist (`python -m dartree.train --preset smollm2-cpu-v2 --stage data --features-only --max-prompts 1536`, and
+the same for smollm2-cpu with --max-prompts 1536).
 """
 
 import argparse
@@ -43,8 +47,9 @@ def run(cmd: list[str]) -> None:
 def train(name: str, folder: Path, args) -> None:
     if (folder / "model.safetensors").is_file():
         return
+    start = ["--init", "random"] if args.init_from == "none" else ["--init-from", args.init_from, "--lr", str(args.lr)]
     run([sys.executable, "-m", "dartree.train", "--preset", PRESET, "--stage", "train", "--steps", str(args.steps),
-         "--init", "random", "--max-shards", str(args.shards), "--also-data", args.also_data,
+         *start, "--max-shards", str(args.shards), "--also-data", args.also_data,
          "--eval-every", "1000", "--run-name", f"cap-{name}", "--out", str(folder), "--no-progress",
          *VARIANTS[name]])
 
@@ -86,9 +91,12 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=3000, help="the training budget of every variant")
-    p.add_argument("--shards", type=int, default=48, help=f"{PRESET}'s first N data shards")
-    p.add_argument("--also-data", default="smollm2-cpu:60", help="as the trainer's --also-data")
+    p.add_argument("--steps", type=int, default=1000, help="the training budget of every variant")
+    p.add_argument("--init-from", default="assets/drafter-smollm2",
+                   help="the drafter every variant starts from (grown to the variant's size), or none: from scratch")
+    p.add_argument("--lr", type=float, default=2e-4, help="the peak learning rate of a leg from --init-from")
+    p.add_argument("--shards", type=int, default=16, help=f"{PRESET}'s first N data shards")
+    p.add_argument("--also-data", default="smollm2-cpu:16", help="as the trainer's --also-data")
     p.add_argument("--prompts", type=int, default=30, help="dev prompts of the sweep")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     p.add_argument("--out", default="runs/capacity")
@@ -102,7 +110,9 @@ def main() -> None:
         folder = Path(args.out) / name
         train(name, folder, args)
         rows.append(summarize(name, folder, sweep(folder, args)))
-        Path(args.out, "capacity.json").write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=1) + "\n")
+        Path(args.out, "capacity.json").write_text(json.dumps({"steps": args.steps, "init_from": args.init_from,
+                                                               "shards": args.shards, "also_data": args.also_data,
+                                                               "rows": rows}, indent=1) + "\n")
     print(table(rows))
 
 

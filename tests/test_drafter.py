@@ -6,23 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dartree.draft import DrafterContext, draft_block
 from dartree.errors import UserError
 from dartree.models.drafter import DominoDrafter, build_target_layer_ids
 from dartree.models.loading import describe_checkpoint
-from tiny import tiny_drafter, tiny_target
+from tiny import block_outputs, tiny_drafter, tiny_target
 
 PUBLIC_PREFIXES = ("layers.", "fc.", "hidden_norm.", "norm.", "prefix_gru.", "embed_proj.0.", "embed_proj.2.")
-
-
-def block_outputs(drafter, target):
-    feats = torch.randn(5, len(drafter.cfg.target_layer_ids) * target.hidden_size, generator=torch.Generator().manual_seed(0))
-    context = DrafterContext.from_prefill(drafter, feats)
-    with torch.no_grad():
-        block = draft_block(drafter, target, context, torch.tensor(3), 5, drafter.max_depth, 8)
-        state = drafter.gru_step(target.embed(torch.tensor([3, 4])), drafter.initial_state(2, "cpu"))
-        residual = drafter.correction(block.hidden[0][None], state)
-    return block.draft.cand_tokens, block.draft.cand_base_logits, block.hidden, residual
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

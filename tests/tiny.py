@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dartree.draft import DrafterContext, draft_block
 from dartree.models.drafter import DominoDrafter, make_config
 from dartree.models.target import Target
 
@@ -41,3 +42,14 @@ def tiny_drafter(target: Target, seed: int = 1, std: float = 0.3, **kw) -> Domin
     drafter = DominoDrafter(tiny_drafter_config(target, **kw))
     drafter.reset_parameters(std=std)
     return drafter.eval()
+
+
+def block_outputs(drafter: DominoDrafter, target: Target, grad: bool = False):
+    """One drafted block on fixed random features: (candidate tokens, base logits, block hidden, a residual)."""
+    feats = torch.randn(5, len(drafter.cfg.target_layer_ids) * target.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.set_grad_enabled(grad):
+        context = DrafterContext.from_prefill(drafter, feats)
+        block = draft_block(drafter, target, context, torch.tensor(3), 5, drafter.max_depth, 8)
+        state = drafter.gru_step(target.embed(torch.tensor([3, 4])), drafter.initial_state(2, "cpu"))
+        residual = drafter.correction(block.hidden[0][None], state)
+    return block.draft.cand_tokens, block.draft.cand_base_logits, block.hidden, residual

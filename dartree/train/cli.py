@@ -25,6 +25,7 @@ from .datagen import REPO_ROOT, features_dir, tokens_dir
 from .datastage import add_datagen_arguments, run_datagen
 from .distributed import DistContext
 from .evaluate import evaluate_chain, format_eval
+from .grow import grow
 from .presets import get_preset
 from .trainer import (SeqStore, TrainConfig, drafter_from_preset, export, split_heldout, summarize, train,
                       write_json)
@@ -64,8 +65,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-vocab", choices=("keep", "data"), default="keep",
                    help="with --init-from: keep its draft vocabulary, or take this data's (the shared tokens keep "
                         "their learnt rows)")
-    g.add_argument("--drafter-layers", type=int, default=None, help="backbone layers (capacity runs; preset: 2)")
-    g.add_argument("--gru-hidden", type=int, default=None, help="the correction head's GRU width (preset: 256)")
+    g.add_argument("--drafter-layers", type=int, default=None,
+                   help="backbone layers (capacity runs; preset: 2); with --init-from, grows that drafter (train/grow.py)")
+    g.add_argument("--gru-hidden", type=int, default=None,
+                   help="the correction head's GRU width (preset: 256); with --init-from, grows that drafter")
     g.add_argument("--autocast", choices=("bf16", "off"), default=None,
                    help="bf16 matmuls with fp32 weights (default, ~4x faster on this AMX CPU) or plain fp32")
     g.add_argument("--seed", type=int, default=None)
@@ -152,6 +155,10 @@ def _stage_train(args, preset) -> dict:
     if args.init_from:
         drafter = DominoDrafter.from_pretrained(args.init_from).to(dist.device)
         phase_init = f"from {args.init_from}"
+        grown = (args.drafter_layers or drafter.cfg.num_layers, args.gru_hidden or drafter.cfg.gru_hidden_dim)
+        if grown != (drafter.cfg.num_layers, drafter.cfg.gru_hidden_dim):
+            drafter = grow(drafter, *grown, seed=cfg.seed)
+            phase_init += f", grown to {grown[0]} layers and GRU {grown[1]}"
     else:
         drafter = drafter_from_preset(target, spec, init=cfg.init, seed=cfg.seed).to(dist.device)
         phase_init = cfg.init
