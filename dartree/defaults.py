@@ -104,6 +104,13 @@ RETRIEVAL_PRIOR_WEIGHT = 4.0
 # 1.49x | B = 4: 1.91, 1.42x | B = 3: 1.80, 1.43x | B = 2: 1.66, 1.35x | W = 2, B = 2: 1.66, 1.34x | W = 3, B = 3:
 # 1.81, 1.42x | W = 8, B = 4: 1.91, 1.41x. The cheap 3-token verify does not pay for the τ a small tree loses:
 # the greedy shape stays the T = 0.8 default.
+# Shapes at T = 0.5 (stop 37; replayed, scores at 1.5 T, n-gram retrieval, speeds predicted from the committed
+# cost curve: `python -m dartree sweep --limit 30 --spread --max-new-tokens 128 --temperature 0.5 --configs
+# ar,chain,ddtree:B=8,dartree:W=4:B=8,...,dartree:W=4:B=8:bonus=0 --costs assets/benchmarks/sweep-cpu.json`,
+# DARTREE_WEIGHTS=fp32, assets/benchmarks/temperature/sweep-T0.5.json): W = 4, B = 8: τ 2.73, 1.90x | bonus 0: 2.74,
+# 1.90x | B = 6: 2.60, 1.86x | B = 4: 2.33, 1.74x | B = 16: 2.98, 1.73x | W = 8, B = 16: 3.00, 1.74x | W = 8, B = 4:
+# 2.33, 1.73x | W = 2, B = 2: 1.94, 1.50x | chain 1.84, 1.32x | ddtree B = 8 1.95, 1.44x (both without retrieval).
+# So the middle band keeps the greedy shape too.
 TEMPERATURE_BANDS = (0.0, 0.65, 2.0)  # 2.0: the engine's MAX_TEMPERATURE
 CPU_SAMPLING_SHAPES = ({}, {}, {})  # per band: the fields that differ from CPU_DEFAULTS
 SCORE_TEMPERATURE_SCALE = 1.5  # score temperature / decoding temperature (the k of dartree.tree.child_log_probs)
