@@ -198,7 +198,7 @@ def _stage_train(args, preset) -> dict:
                {"summary": summary, "eval": history["eval"], "data": data})
     kept = read_card_sections(out / "TRAINING.md", KEPT_CARD_SECTIONS)
     card = write_card(out, command=_command_line(), repo=REPO_ROOT, preset=args.preset,
-                      preset_config={"drafter": spec, "train": cfg.__dict__, "data": preset["data"]},
+                      preset_config={"drafter": spec, "train": {**cfg.__dict__, "init": phase_init}, "data": preset["data"]},
                       data=data, train_summary=summary,
                       eval_results={"teacher_forced_chain (held-out train slice)": final_eval},
                       steps=min(cfg.steps, cfg.stop_at or cfg.steps), wall_seconds=history["seconds"],
