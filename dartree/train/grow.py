@@ -63,11 +63,10 @@ def _widen_gru(child: DominoDrafter, old: dict, g_old: int, h: int) -> None:
     w_hh = child.prefix_gru.weight_hh_l0  # [3 g_new, g_new]
     old_ih = old["prefix_gru.weight_ih_l0"].to(w_ih.dtype)  # [3 g_old, h]
     old_hh = old["prefix_gru.weight_hh_l0"].to(w_hh.dtype)  # [3 g_old, g_old]
-    for gate in range(3):
-        new_rows, old_rows = slice(gate * g_new, gate * g_new + g_old), slice(gate * g_old, (gate + 1) * g_old)
-        w_ih[new_rows] = old_ih[old_rows]
-        w_hh[new_rows, :g_old] = old_hh[old_rows]
-        w_hh[new_rows, g_old:] = 0  # old units never read the new ones
+    # per gate block: the old units' rows keep their weights; the new units' rows keep their random init
+    w_ih.view(3, g_new, h)[:, :g_old] = old_ih.view(3, g_old, h)
+    w_hh.view(3, g_new, g_new)[:, :g_old, :g_old] = old_hh.view(3, g_old, g_old)
+    w_hh.view(3, g_new, g_new)[:, :g_old, g_old:] = 0  # old units never read the new ones
     first = child.embed_proj[0].weight  # [emb, h + g_new]: input [z ; state]
     old_first = old["embed_proj.0.weight"].to(first.dtype)  # [emb, h + g_old]
     first[:, :h + g_old] = old_first
