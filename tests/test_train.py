@@ -19,7 +19,7 @@ from dartree.train.cli import _also_data, _drafter_spec, _train_config, add_trai
 from dartree.train.evaluate import evaluate_chain
 from dartree.train.presets import get_preset
 from dartree.train.trainer import (AnchorSampler, SeqStore, TrainConfig, draft_vocab_from_data, init_from_target, load_checkpoint,
-                                   save_checkpoint, split_heldout, train)
+                                   load_window, save_checkpoint, split_heldout, train)
 
 VOCAB = 64
 EOS = (5, 17, 40)  # several stop ids, so rows finish at different steps and the batch gets compacted
@@ -120,12 +120,23 @@ def test_shards_are_resumable_and_deterministic(target, tmp_path):
     saved = np.load(datagen.features_path(feat, 2))
     datagen.features_path(feat, 2).unlink()
     assert datagen.fill_missing_features(target, tok, feat, LAYERS, progress=False, max_shards=2) == 0  # 0-1 only
+    assert datagen.fill_missing_features(target, tok, feat, LAYERS, progress=False, first_shard=3) == 0  # none past 2
     assert datagen.fill_missing_features(target, tok, feat, LAYERS, progress=False, log=lambda *a: None) == 1
     np.testing.assert_allclose(np.load(datagen.features_path(feat, 2)).astype(np.float32), saved.astype(np.float32),
                                rtol=1e-2, atol=1e-2)
     store = SeqStore.from_shards(tok, feat)
     assert len(store) == 9 and store.ids(0).tolist() == first[0]["ids"][:first[0]["offsets"][1]].tolist()
     assert len(SeqStore.from_shards(tok, feat, max_shards=2)) == 7  # shards 0 and 1: a recorded run's data only
+    assert datagen.list_shards(tok, 1) == [1, 2] and datagen.list_shards(tok, 1, 2) == [1]
+    # a training window of later shards (--first-shard) still holds out shard 0's first sequences, and only those
+    n0 = len(SeqStore.from_shards(tok, feat, max_shards=1))
+    whole, train_all, held_all = load_window(tok, feat, 2)
+    later, train_later, held_later = load_window(tok, feat, 2, first_shard=1)
+    assert len(train_all) + len(held_all) == 9 and len(held_later) == 2 and len(train_later) == 9 - n0
+    assert [later.ids(i).tolist() for i in held_later] == [whole.ids(i).tolist() for i in held_all]
+    assert sorted(train_later) == list(range(9 - n0))  # the window's own; shard 0 is appended after it
+    with pytest.raises(UserError, match="no training data"):
+        load_window(tok, feat, 2, first_shard=3)
     # another data stage's shards append after the store's own (--also-data): indices, ids and features
     added = store.add_shards(tok, feat, max_shards=1)
     assert added == range(9, 13) and store.ids(9).tolist() == store.ids(0).tolist()

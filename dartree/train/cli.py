@@ -27,7 +27,7 @@ from .distributed import DistContext
 from .evaluate import evaluate_chain, format_eval
 from .grow import grow
 from .presets import get_preset
-from .trainer import (SeqStore, TrainConfig, drafter_from_preset, export, split_heldout, summarize, train,
+from .trainer import (TrainConfig, drafter_from_preset, export, load_window, summarize, train,
                       write_json)
 
 DEFAULT_EXPORT = {"smollm2-cpu": REPO_ROOT / "assets" / "drafter-smollm2"}
@@ -124,11 +124,9 @@ def _load(args, preset, device=None):
     # CPU: an fp32 target (autocast does the bf16 matmuls). CUDA: --dtype, bf16 by default.
     dtype = None if device.type == "cpu" else (getattr(args, "dtype", None) or "bf16")
     target = load_target(preset["target"], device=str(device), dtype=dtype)
-    store = SeqStore.from_shards(tokens_dir(args.preset), features_dir(args.preset), getattr(args, "max_shards", None))
-    if len(store) == 0:
-        raise SystemExit("no training data with features: run --stage data first (or --features-only)")
     cfg = _train_config(preset, args)
-    train_ids, heldout_ids = split_heldout(store, cfg.heldout_seqs)
+    store, train_ids, heldout_ids = load_window(tokens_dir(args.preset), features_dir(args.preset), cfg.heldout_seqs,
+                                                getattr(args, "max_shards", None), getattr(args, "first_shard", 0))
     for name, n_shards in map(_also_data, getattr(args, "also_data", None) or []):
         other = get_preset(name)
         if (other["target"], other["drafter"]["target_layer_ids"]) != (preset["target"], preset["drafter"]["target_layer_ids"]):
@@ -175,7 +173,8 @@ def _stage_train(args, preset) -> dict:
     print(f"[train] {data}", flush=True)
     phase = {"command": _command_line(), "commit": git_commit(REPO_ROOT), "schedule_steps": cfg.steps,
              "init": phase_init,
-             "stop_at": cfg.stop_at, "shards": len(store.shards), "train_sequences": len(train_ids),
+             "stop_at": cfg.stop_at, "shards": len(store.shards), "first_shard": getattr(args, "first_shard", 0),
+             "train_sequences": len(train_ids),
              "response_tokens": data["response tokens (all)"]}
     history = train(target, drafter, store, train_ids, heldout_ids, cfg, ckpt_path=ckpt, dist=dist, phase=phase,
                     draft_vocab=("remap" if args.draft_vocab == "data" else "keep") if args.init_from else "data")

@@ -160,8 +160,11 @@ def write_features(path: Path, feats: list[np.ndarray]) -> None:
     _atomic_save(Path(path), save)
 
 
-def list_shards(folder: Path) -> list[int]:
-    return sorted(int(p.stem.split("-")[1]) for p in Path(folder).glob("tokens-*.npz"))
+def list_shards(folder: Path, first: int = 0, stop: int | None = None) -> list[int]:
+    """The data stage's shard numbers in `folder`, those in [first, stop) when given (a training window:
+    data keeps growing across sessions, and a recorded run must see exactly the data it trained on)."""
+    ks = sorted(int(p.stem.split("-")[1]) for p in Path(folder).glob("tokens-*.npz"))
+    return [k for k in ks if first <= k and (stop is None or k < stop)]
 
 
 def check_manifest(folder: Path, manifest: dict) -> None:
@@ -273,10 +276,10 @@ def generate_shards(target: Target, plan: Plan, *, tok_dir: Path, feat_dir: Path
 
 
 def fill_missing_features(target: Target, tok_dir: Path, feat_dir: Path, feature_layers, batch_size=8,
-                          progress=True, log=print, max_shards: int | None = None) -> int:
-    """Teacher-forced pass for shards whose features are absent (e.g. a fresh checkout); only the first
-    `max_shards` shards when given (features take ~6 kB a token: all of a preset may not fit the disk)."""
-    shards = list_shards(tok_dir)[:max_shards]
+                          progress=True, log=print, max_shards: int | None = None, first_shard: int = 0) -> int:
+    """Teacher-forced pass for shards whose features are absent (e.g. a fresh checkout); only shards
+    [first_shard, max_shards) when given (features take ~6 kB a token: all of a preset may not fit the disk)."""
+    shards = list_shards(tok_dir, first_shard, max_shards)
     missing = [k for k in shards if not features_path(feat_dir, k).is_file()]
     for k in tqdm(missing, unit="shard", disable=not progress):
         t = read_tokens(tokens_path(tok_dir, k))

@@ -32,6 +32,8 @@ def add_datagen_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no new shard after this many minutes (a stage of bounded length; rerun to resume)")
     p.add_argument("--features-only", action="store_true", help="only recompute missing features")
+    p.add_argument("--first-shard", type=int, default=0,
+                   help="skip the shards before this one (--features-only; in training, the window's start)")
     p.add_argument("--no-features", action="store_true", help="do not save features (ids only)")
     p.add_argument("--no-progress", action="store_true")
 
@@ -57,7 +59,8 @@ def run_datagen(args) -> dict:
     if args.features_only:
         limit = getattr(args, "max_prompts", None)  # --max-prompts N: the shards of the plan's first N prompts
         n = fill_missing_features(target, tok_dir, feat_dir, layers, progress=progress,
-                                  max_shards=None if limit is None else -(-limit // d["shard_size"]))
+                                  max_shards=None if limit is None else -(-limit // d["shard_size"]),
+                                  first_shard=args.first_shard)
         return {"recomputed_shards": n}
     manifest = {"target": preset["target"], "shard_size": d["shard_size"], "max_new_tokens": d["max_new_tokens"],
                 "max_prompt_tokens": d["max_prompt_tokens"], "prompt_file": "train_prompts.jsonl", "dtype": d["dtype"],

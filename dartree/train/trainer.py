@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..models.drafter import DominoDrafter, make_config
+from ..errors import UserError
 from ..models.target import Target
 from .batch import autocast, build_batch, position_weights, to_draft_labels, weighted_ce
 from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
@@ -56,17 +57,18 @@ class SeqStore:
         self._feats.append(features)
 
     @classmethod
-    def from_shards(cls, tok_dir: Path, feat_dir: Path, max_shards: int | None = None) -> "SeqStore":
-        """Shards 0, 1, ... of the data stage (the first `max_shards` of them when given: data keeps
+    def from_shards(cls, tok_dir: Path, feat_dir: Path, max_shards: int | None = None,
+                    first_shard: int = 0) -> "SeqStore":
+        """Shards first_shard, ..., max_shards - 1 of the data stage (`datagen.list_shards`: data keeps
         growing across sessions, and a recorded run must still see exactly the data it trained on)."""
         store = cls()
-        store.add_shards(tok_dir, feat_dir, max_shards)
+        store.add_shards(tok_dir, feat_dir, max_shards, first_shard)
         return store
 
-    def add_shards(self, tok_dir: Path, feat_dir: Path, max_shards: int | None = None) -> range:
+    def add_shards(self, tok_dir: Path, feat_dir: Path, max_shards: int | None = None, first_shard: int = 0) -> range:
         """Appends the sequences of a data stage's shards (see `from_shards`); returns their indices."""
         first = len(self)
-        for k in list_shards(tok_dir)[:max_shards]:
+        for k in list_shards(tok_dir, first_shard, max_shards):
             fpath = features_path(feat_dir, k)
             if not fpath.is_file():
                 print(f"[train] shard {k:05d} of {tok_dir.name} has no features (run the data stage with "
@@ -114,11 +116,31 @@ class SeqStore:
         return int(sum(len(x) - p for x, p in zip(self._ids, self._prompt_len)))
 
 
-def split_heldout(store: SeqStore, n_heldout: int) -> tuple[list[int], list[int]]:
-    """Held-out = the n sequences of the lowest prompt indices (shard 0): stable while data grows."""
-    usable = [i for i in range(len(store)) if len(store.anchors(i)) > 0]
+def split_heldout(store: SeqStore, n_heldout: int, among: range | None = None) -> tuple[list[int], list[int]]:
+    """Held-out = the n sequences of the lowest prompt indices (shard 0): stable while data grows.
+    `among`: split only these sequences (the rest of the store is someone else's)."""
+    usable = [i for i in (among if among is not None else range(len(store))) if len(store.anchors(i)) > 0]
     usable.sort(key=lambda i: (store.prompt_index(i), i))
     return usable[n_heldout:], usable[:n_heldout]
+
+
+def load_window(tok_dir: Path, feat_dir: Path, n_heldout: int, max_shards: int | None = None,
+                first_shard: int = 0) -> tuple[SeqStore, list[int], list[int]]:
+    """The sequences of shards [first_shard, max_shards) and their split into training and held-out.
+    The held-out slice is shard 0's whatever the window, so that held-out τ stays comparable between legs that
+    walk over later shards; shard 0's other sequences are trained on only when the window starts at 0."""
+    store = SeqStore()
+    window = store.add_shards(tok_dir, feat_dir, max_shards, first_shard)
+    if len(window) == 0:
+        raise UserError("no training data with features: run --stage data first (or --features-only)")
+    among = window if first_shard == 0 else store.add_shards(tok_dir, feat_dir, 1)
+    train_ids, heldout_ids = split_heldout(store, n_heldout, among=among)
+    if first_shard > 0:
+        train_ids = list(window)
+    if n_heldout and not heldout_ids:
+        raise UserError(f"no held-out sequences: shard 0 of {Path(tok_dir).name} has no features "
+                        "(run the data stage with --features-only --max-prompts 1)")
+    return store, train_ids, heldout_ids
 
 
 def draft_vocab_from_data(store: "SeqStore", seq_ids: list[int], size: int, always=()) -> np.ndarray:
