@@ -72,6 +72,10 @@ def describe_checkpoint(folder: Path) -> str:
     text = f"trained on {_training_amount(info)}"
     if info.get("parent"):  # a fine-tuning leg (--init-from) records the drafter it started from
         text += f", fine-tuned from one trained on {_training_amount(info['parent'])}"
+    if info.get("averaged"):  # scripts/average_drafters.py: this record is the second drafter's, plus the first's
+        avg, first = info["averaged"], info["averaged"].get("a_record") or {}
+        other = "that one" if first == info.get("parent") else f"one trained on {_training_amount(first)}"
+        text += f", then weight-averaged {1 - avg['alpha']:g} : {avg['alpha']:g} with {other}"
     return f"{text} (see {folder.name}/TRAINING.md)"
 
 

@@ -44,7 +44,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stop-at", type=int, default=None,
                    help="stop and export at this step of the --steps schedule (resumable runs split by time)")
     g.add_argument("--max-shards", type=int, default=None,
-                   help="train on the first N data shards only (default: all; the data stage adds shards over time)")
+                   help="train on the shards before shard N only (default: all; the data stage adds shards over time); "
+                        "with --first-shard, the window [first, N)")
     g.add_argument("--also-data", action="append", default=[], metavar="PRESET[:N]",
                    help="also train on another preset's data (its first N shards with features); training only, "
                         "the held-out slice stays the preset's own. Repeatable")
