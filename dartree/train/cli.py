@@ -226,13 +226,11 @@ def _stage_eval(args, preset) -> dict:
     return ev
 
 
-def main(argv=None) -> int:
-    """`python -m dartree.train ARGS` is `python -m dartree train ARGS`: one parser, and one place that turns a
-    UserError (an empty shard window, a bad --also-data) into a one-line message and exit code 2."""
-    from ..cli import main as dartree_main
-
-    return dartree_main(["train", *(sys.argv[1:] if argv is None else argv)])
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dartree.train", description="Train a DARTree drafter")
+    add_train_arguments(p)
+    run_train(p.parse_args(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
