@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import DEFAULT_TARGET, METHODS
 from .defaults import default_shape
-from .errors import UserError
+from .errors import UserError, run_command
 from .methods import METHODS as REGISTRY
 from .methods import method_help
 
@@ -348,9 +348,5 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
-    try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep,
-                "train": cmd_train}[args.command](args)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    command = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "train": cmd_train}[args.command]
+    return run_command(command, args)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from dartree.train import datagen, stream
 from dartree.train.batch import build_batch, drafter_logits
 from dartree.train.card import (KEPT_CARD_SECTIONS, git_commit, history_section, read_card_sections,
                                  replace_card_section, write_card)
-from dartree.train.cli import _also_data, _drafter_spec, _train_config, add_train_arguments
+from dartree.train.cli import _also_data, _drafter_spec, _train_config, add_train_arguments, main as train_main
 from dartree.train.evaluate import evaluate_chain
 from dartree.train.presets import get_preset
 from dartree.train.trainer import (AnchorSampler, SeqStore, TrainConfig, draft_vocab_from_data, init_from_target, load_checkpoint,
@@ -412,3 +414,12 @@ def test_a_remapped_draft_vocabulary_keeps_the_rows_of_shared_tokens(target, gen
     train(target, fresh, store, train_ids, held, cfg, log=lambda *a: None)
     train(target, drafter, store, train_ids, held, cfg, log=lambda *a: None, draft_vocab="remap")
     assert torch.equal(drafter.draft_vocab, fresh.draft_vocab)
+
+
+def test_train_entry_point_reports_user_errors_in_one_line(capsys):
+    # `python -m dartree.train` fails like `python -m dartree`: "error: ..." on stderr, exit status 2, no traceback
+    assert train_main(["--preset", "no-such-preset", "--stage", "eval"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown preset 'no-such-preset'")
+    out = subprocess.run([sys.executable, "-m", "dartree.train", "--preset", "no-such-preset", "--stage", "eval"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "error: unknown preset" in out.stderr and "Traceback" not in out.stderr

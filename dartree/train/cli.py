@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, run_command
 from ..models.drafter import DominoDrafter
 from ..models.loading import training_record
 from ..models.target import load_target
@@ -226,11 +226,16 @@ def _stage_eval(args, preset) -> dict:
     return ev
 
 
-def main(argv=None):
+def _train(args) -> int:
+    run_train(args)  # its stages log their own results
+    return 0
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dartree.train", description="Train a DARTree drafter")
     add_train_arguments(p)
-    run_train(p.parse_args(argv))
+    return run_command(_train, p.parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.drafter import DominoDrafter, make_config
 from ..errors import UserError
+from ..models.drafter import DominoDrafter, make_config
 from ..models.target import Target
 from .batch import autocast, build_batch, position_weights, to_draft_labels, weighted_ce
 from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
@@ -57,16 +57,16 @@ class SeqStore:
         self._feats.append(features)
 
     @classmethod
-    def from_shards(cls, tok_dir: Path, feat_dir: Path, max_shards: int | None = None,
-                    first_shard: int = 0) -> "SeqStore":
-        """Shards first_shard, ..., max_shards - 1 of the data stage (`datagen.list_shards`: data keeps
+    def from_shards(cls, tok_dir: Path, feat_dir: Path, max_shards: int | None = None) -> "SeqStore":
+        """Shards 0, 1, ... of the data stage (the first `max_shards` of them when given: data keeps
         growing across sessions, and a recorded run must still see exactly the data it trained on)."""
         store = cls()
-        store.add_shards(tok_dir, feat_dir, max_shards, first_shard)
+        store.add_shards(tok_dir, feat_dir, max_shards)
         return store
 
     def add_shards(self, tok_dir: Path, feat_dir: Path, max_shards: int | None = None, first_shard: int = 0) -> range:
-        """Appends the sequences of a data stage's shards (see `from_shards`); returns their indices."""
+        """Appends the sequences of a data stage's shards first_shard, ..., max_shards - 1 (`datagen.list_shards`;
+        all of them when neither is given); returns their indices."""
         first = len(self)
         for k in list_shards(tok_dir, first_shard, max_shards):
             fpath = features_path(feat_dir, k)
