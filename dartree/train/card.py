@@ -184,8 +184,9 @@ def history_section(history: dict) -> list[str]:
         return []
     body = ["The run was trained in legs (each resumes the previous checkpoint: weights, optimizer, sampler).",
             "The learning rate and the base-loss weight are functions of (step, --steps), so running these",
-            "commands in order, each on the data shards it names, reproduces the run.", "",
-            "| steps | --steps | data shards | train sequences | response tokens | commit | command |",
+            "commands in order, each on the data shards it names, reproduces the run. \"Shards read\" counts every",
+            "shard a leg loaded: its window, the held-out shard and those of --also-data.", "",
+            "| steps | --steps | shards read | train sequences | response tokens | commit | command |",
             "|---|---|---|---|---|---|---|"]
     for leg in legs:
         commit = short_commit(str(leg.get("commit", "")))
