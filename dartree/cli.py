@@ -336,11 +336,10 @@ def _command_line(args) -> str:
 
 def cmd_train(args) -> int:
     try:
-        from .train.cli import run_train
+        from .train.cli import train_command
     except ImportError as exc:
         raise UserError(f"the training recipe is unavailable: {exc}") from exc
-    run_train(args)  # its stages log their own results; a dict returned through sys.exit would mean exit 1
-    return 0
+    return train_command(args)
 
 
 def main(argv=None) -> int:

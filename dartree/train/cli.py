@@ -1,6 +1,6 @@
 """`python -m dartree train ...` / `python -m dartree.train ...`: data, train, eval stages of a preset.
 
-The main CLI calls :func:`add_train_arguments` on its `train` sub-parser and :func:`run_train` with the
+The main CLI calls :func:`add_train_arguments` on its `train` sub-parser and :func:`train_command` with the
 parsed arguments.
 """
 
@@ -226,15 +226,17 @@ def _stage_eval(args, preset) -> dict:
     return ev
 
 
-def _train(args) -> int:
-    run_train(args)  # its stages log their own results
+def train_command(args) -> int:
+    """The exit status of a training command, for both entry points: 0 once its stages ran (they log their
+    own results; the result dict itself, passed to sys.exit, would read as exit status 1)."""
+    run_train(args)
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m dartree.train", description="Train a DARTree drafter")
     add_train_arguments(p)
-    return run_command(_train, p.parse_args(argv))
+    return run_command(train_command, p.parse_args(argv))
 
 
 if __name__ == "__main__":
