@@ -15,13 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from PIL import Image
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from dartree.ui.testing import (launch_chromium, start_server, stop_server,  # noqa: E402  (the repo root is
-                                wait_text)                                    # on the path only now)
+from dartree.ui.testing import (launch_chromium, save_screenshot, start_server,  # noqa: E402  (the repo root
+                                stop_server, wait_text)                          # is on the path only now)
 
 SIZES = {"1440x900": (1440, 900), "1024x768": (1024, 768)}
 STAGES = (("draft", "Round 1:"), ("depth", "Depth 1:"), ("prune", "next stage: verify"), ("verify", "Verify:"),
@@ -29,9 +27,7 @@ STAGES = (("draft", "Round 1:"), ("depth", "Depth 1:"), ("prune", "next stage: v
 
 
 def shoot(page, path: Path) -> None:
-    page.wait_for_timeout(600)  # let Plotly finish drawing
-    page.screenshot(path=str(path), full_page=True)
-    Image.open(path).convert("RGB").quantize(colors=64).save(path, optimize=True)
+    save_screenshot(page, path)
     print(f"{path} ({path.stat().st_size // 1024} KiB)", flush=True)
 
 

@@ -10,8 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
-from dartree.ui.testing import CHROMIUM, REPO_ROOT, launch_chromium, start_server, stop_server, wait_text
+from dartree.ui.testing import (CHROMIUM, REPO_ROOT, launch_chromium, save_screenshot, start_server, stop_server,
+                                wait_text)
 
 pytestmark = [pytest.mark.real]
 
@@ -62,7 +64,7 @@ def test_page_loads_filled_and_a_round_clicks_through(server):
             banner = page.locator(".dt-banner").inner_text()
             assert "trained on" in banner and "UNTRAINED" not in banner  # the shipped drafter
             assert "round 1" in page.locator("#status").inner_text()  # the canonical first round is on show
-            page.screenshot(path=str(SHOTS / "explorer-first-load.png"), full_page=True)
+            save_screenshot(page, SHOTS / "explorer-first-load.png")
 
             page.locator("#prompt textarea").fill(PROMPT)
             page.locator("#btn-draft").click()
@@ -81,9 +83,9 @@ def test_page_loads_filled_and_a_round_clicks_through(server):
             assert page.locator(".js-plotly-plot").count() >= 9
             page.locator("#btn-measure").click()  # whole runs of plain decoding and the method, for the speed panel
             _wait_status(page, "whole runs each of plain decoding")
-            page.wait_for_timeout(500)
             shot = SHOTS / "explorer-round.png"
-            page.screenshot(path=str(shot), full_page=True)
+            save_screenshot(page, shot)
+            assert Image.open(shot).mode == "P"  # palette-reduced, as the README's copy must be
             page.locator("#btn-play").click()  # autoplay: one real engine step per timer tick
             _wait_status(page, "Round 1:")
             _wait_status(page, "Depth 1:")

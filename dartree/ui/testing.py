@@ -28,6 +28,16 @@ def wait_text(page, selector: str, text: str, timeout_ms: float) -> None:
                            arg=[selector, text], timeout=timeout_ms)
 
 
+def save_screenshot(page, path: Path, settle_ms: int = 600) -> None:
+    """A full-page PNG of `page`, reduced to a 64-colour palette (a fifth of the size; the UI's flat colours
+    survive it). The one place the README's and the scripts' screenshots are written."""
+    from PIL import Image  # Pillow comes with Gradio; imported here so the server helpers do not need it
+
+    page.wait_for_timeout(settle_ms)  # let Plotly finish drawing
+    page.screenshot(path=str(path), full_page=True)
+    Image.open(path).convert("RGB").quantize(colors=64).save(path, optimize=True)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
