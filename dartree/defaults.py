@@ -19,11 +19,19 @@ Drafter v2 (stop 23, issue #21; docs/training.md): the shipped drafter changed a
 assets/benchmarks/drafter-v2/depth-bonus.json): with retrieval τ 3.3859 / 3.3518 / 3.3518 / 3.2791 at 0 / -0.1 /
 -0.2 / -0.3 (predicted 2.340x / 2.334x / 2.340x / 2.290x); without, 2.3886 at 0 and 2.4007 at -0.2. No value wins
 both, and the predicted speeds tie: -0.2 stays.
+Re-swept on each shipped drafter since (docs/training.md); with the stop-42 drafter -0.1 leads on both prompt
+sets at the default (retrieval on): dev τ 3.4173 / 3.4173 / 3.3894 / 3.3384 at 0 / -0.1 / -0.2 / -0.3 (predicted
+2.389x / 2.408x / 2.381x / 2.347x), dev_long 2.9812 / 3.0076 / 2.9812 / 2.9590 (2.055x / 2.084x / 2.073x / 2.072x);
+without retrieval dev 2.5113 / 2.5132 / 2.5019 and dev_long 2.2571 / 2.2679 / 2.2722 at 0 / -0.1 / -0.2; W = 12,
+B = 32 ties from -0.1 to -0.3 (2.9821); at T = 0.8 and 1.0 (replayed on sampled continuations) -0.1 and -0.2 tie
+(2.1848 / 2.1848, 1.6282 / 1.6289). So the CPU default is -0.1 (`python -m dartree sweep --limit 30 --spread
+--max-new-tokens 128 --configs ar,dartree:bonus=0,...,dartree:bonus=-0.3,... --costs assets/benchmarks/sweep-cpu.json`;
+assets/benchmarks/drafter-v2-mix/depth-bonus*.json).
 CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64, and the depth bonus -0.2 of its pruned
 runs): a GPU verifies 64 tokens for little more than the cost of one.
 """
 
-CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": -0.2}
+CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": -0.1}
 AUTO_BUDGET_CAP = 256  # the most nodes an automatic budget may verify (the cost curve's last point)
 GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
 

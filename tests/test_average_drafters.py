@@ -47,8 +47,8 @@ def test_the_average_interpolates_every_weight_and_loads(two_exports, tmp_path):
     drafter = DominoDrafter.from_pretrained(tmp_path / "avg")
     assert drafter.block_size == DominoDrafter.from_pretrained(a).block_size
     assert describe_checkpoint(tmp_path / "avg") == ("trained on ? response tokens, 2 steps, then weight-averaged "
-                                                     "0.75 : 0.25 with one trained on ? response tokens, 1 steps "
-                                                     "(see avg/TRAINING.md)")
+                                                     "with one trained on ? response tokens, 1 steps (0.25 of this "
+                                                     "one, 0.75 of that one) (see avg/TRAINING.md)")
     average_drafters.main([str(a), str(b), "--alpha", "0", "--out", str(tmp_path / "same")])
     assert all(torch.equal(t, wa[k]) for k, t in load_file(tmp_path / "same" / average_drafters.WEIGHTS).items())
 

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from dartree.defaults import CPU_DEFAULTS
+
 pytestmark = pytest.mark.real
 
 GEN_KEYS = {"prompt_index", "method", "text", "token_ids", "new_tokens", "rounds", "tau", "decode_seconds",
@@ -53,7 +55,7 @@ def test_bench_writes_rows_against_plain_decoding(tmp_path):
     assert "tau by prompt source" in out.stdout
     assert "machine" in results
     assert results["settings"]["dtype"] == "fp32" and "dtype fp32" in out.stdout
-    assert [r["depth_bonus"] for r in results["rows"]] == [None, None, None, None, -0.2]  # the CPU default
+    assert [r["depth_bonus"] for r in results["rows"]] == [None, None, None, None, CPU_DEFAULTS["depth_bonus"]]
 
 
 def test_bench_configs_with_auto_budget_and_cost_curve(tmp_path):

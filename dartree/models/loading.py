@@ -75,7 +75,7 @@ def describe_checkpoint(folder: Path) -> str:
     if info.get("averaged"):  # scripts/average_drafters.py: this record is the second drafter's, plus the first's
         avg, first = info["averaged"], info["averaged"].get("a_record") or {}
         other = "that one" if first == info.get("parent") else f"one trained on {_training_amount(first)}"
-        text += f", then weight-averaged {1 - avg['alpha']:g} : {avg['alpha']:g} with {other}"
+        text += f", then weight-averaged with {other} ({avg['alpha']:g} of this one, {1 - avg['alpha']:g} of that one)"
     return f"{text} (see {folder.name}/TRAINING.md)"
 
 
