@@ -49,6 +49,7 @@ class BenchConfig:
     budget: int | str | None  # "auto": dartree's cost-aware budget
     depth_bonus: float | None = None  # None: the base settings' (dartree's top-B cut)
     retrieval: str | None = None  # None: the base settings' (dartree.retrieval: none, ngram, table, both)
+    continuity: float | None = None  # None: the base settings' (dartree.continuity: the n-gram term's weight)
 
     @property
     def label(self) -> str:
@@ -61,6 +62,8 @@ class BenchConfig:
             parts.append(f"bonus={self.depth_bonus:g}")
         if self.retrieval is not None:
             parts.append(f"retrieval={self.retrieval}")
+        if self.continuity is not None:
+            parts.append(f"continuity={self.continuity:g}")
         return " ".join(parts)
 
     @property
@@ -79,12 +82,14 @@ class BenchConfig:
             s = replace(s, depth_bonus=self.depth_bonus)
         if self.retrieval is not None:
             s = replace(s, retrieval=self.retrieval)
+        if self.continuity is not None:
+            s = replace(s, continuity=self.continuity)
         return s
 
 
 def parse_configs(text: str) -> list[BenchConfig]:
-    """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2:retrieval=ngram,dartree:W=8:B=auto` -> configs
-    (ar always first)."""
+    """`ar,chain,ddtree:B=32,dartree:W=8:B=32:bonus=-0.2:retrieval=ngram:continuity=0.1,dartree:W=8:B=auto`
+    -> configs (ar always first)."""
     configs = [BenchConfig("ar", None, None)]
     for item in (x.strip() for x in text.split(",")):
         if not item or item == "ar":
@@ -95,21 +100,22 @@ def parse_configs(text: str) -> list[BenchConfig]:
         values = {}
         for knob in knobs:
             key, _, value = knob.partition("=")
-            if key not in ("W", "B", "bonus", "retrieval") or not value:
-                raise UserError(f"--configs item {item!r}: knobs are W=<int>, B=<int or auto>, bonus=<float> and "
-                                f"retrieval=<{'|'.join(RETRIEVAL_MODES)}>")
+            if key not in ("W", "B", "bonus", "retrieval", "continuity") or not value:
+                raise UserError(f"--configs item {item!r}: knobs are W=<int>, B=<int or auto>, bonus=<float>, "
+                                f"retrieval=<{'|'.join(RETRIEVAL_MODES)}> and continuity=<float>")
             if key == "retrieval":
                 if value not in RETRIEVAL_MODES:
                     raise UserError(f"--configs item {item!r}: retrieval must be one of {', '.join(RETRIEVAL_MODES)}")
                 values[key] = value
                 continue
             try:
-                values[key] = value if (key == "B" and value == "auto") else (float if key == "bonus" else int)(value)
+                number = float if key in ("bonus", "continuity") else int
+                values[key] = value if (key == "B" and value == "auto") else number(value)
             except ValueError:
-                kind = "a number" if key == "bonus" else "an integer"
+                kind = "a number" if key in ("bonus", "continuity") else "an integer"
                 raise UserError(f"--configs item {item!r}: {key} must be {kind}") from None
         configs.append(BenchConfig(method, values.get("W"), values.get("B"), values.get("bonus"),
-                                   values.get("retrieval")))
+                                   values.get("retrieval"), values.get("continuity")))
     return configs
 
 
@@ -204,7 +210,8 @@ def run_bench(models, prompts: list[str], configs: list[BenchConfig], base: Deco
             "stage_share": {k: v / total for k, v in stage.items()},
             "round_seconds": total / rounds if rounds else 0.0,
             "mean_nodes": sum(x.tree_nodes for r in runs for x in r.round_records) / rounds if rounds else 0.0,
-            "retrieval": runs[0].settings["retrieval"], "sources": source_totals(runs),
+            "retrieval": runs[0].settings["retrieval"], "continuity": runs[0].settings["continuity"],
+            "sources": source_totals(runs),
         })
         if sources and len(set(sources)) > 1:
             rows[-1]["by_source"] = _by_source(runs, ar_runs, sources)
@@ -246,9 +253,21 @@ def source_totals(runs) -> dict:
     return total
 
 
+def knob_cells(r: dict) -> str:
+    """A result row's bonus, retrieval and continuity weight, as the bench and sweep tables print them ("" where
+    they do not apply or are off), under the `KNOB_HEAD` columns."""
+    bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
+    retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
+    cont = f"{r['continuity']:g}" if r.get("continuity") else ""
+    return f"{bonus:>6}{retr:>6}{cont:>6}"
+
+
+KNOB_HEAD = f"{'bonus':>6}{'retr':>6}{'cont':>6}"
+
+
 def format_table(results: dict) -> str:
     dtype = results["settings"].get("dtype", "fp32")
-    head = (f"{'method':<14}{'W':>4}{'B':>5}{'bonus':>6}{'retr':>6}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'e2e tok/s':>10}"
+    head = (f"{'method':<14}{'W':>4}{'B':>5}{KNOB_HEAD}{'tau':>7}{'tok/s':>8}{'speedup':>9}{'e2e tok/s':>10}"
             f"{'e2e x':>7}{'prefill x':>10}{'same':>6}  draft/tree/verify/commit")
     lines = [f"dtype {dtype}; 'same' = runs whose tokens equal ar's in this run"
              + ("" if dtype == "fp32" else f" (not guaranteed in {dtype}: rounding flips near-ties; fp32 is exact)"),
@@ -256,9 +275,7 @@ def format_table(results: dict) -> str:
              head, "-" * len(head)]
     for r in results["rows"]:
         share = "/".join(f"{100 * r['stage_share'][k]:.0f}" for k in STAGE_KEYS)
-        bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
-        retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
-        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{bonus:>6}{retr:>6}{r['tau']:>7.2f}"
+        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>5}{knob_cells(r)}{r['tau']:>7.2f}"
                      f"{r['tokens_per_second']:>8.2f}{r['speedup_vs_ar']:>9.2f}{r['e2e_tokens_per_second']:>10.2f}"
                      f"{r['e2e_speedup_vs_ar']:>7.2f}{r['prefill_vs_ar']:>10.2f}"
                      f"{r['identical_to_ar']:>3}/{r['n_prompts']:<2}  {share}")
@@ -275,9 +292,10 @@ def format_table(results: dict) -> str:
 
 
 def row_label(r: dict) -> str:
-    """method W B [retrieval], as the per-source tables name a row."""
+    """method W B [retrieval] [c=continuity weight], as the per-source tables name a row."""
     retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
-    return " ".join(str(x) for x in (r["method"], r.get("width") or "", r.get("budget") or "", retr) if x != "")
+    cont = f"c={r['continuity']:g}" if r.get("continuity") else ""
+    return " ".join(str(x) for x in (r["method"], r.get("width") or "", r.get("budget") or "", retr, cont) if x != "")
 
 
 def source_table(rows: list[dict]) -> list[str]:
@@ -428,8 +446,8 @@ def tree_build_comparison(models, prompt: str, budgets=(16, 32, 64, 128, 256, 51
     import math
 
     from .draft import PathCorrector
-    from .engine import build_round_tree, tree_threads
-    from .tree import sequential_corrected_heap
+    from .engine import build_round_tree
+    from .tree import sequential_corrected_heap, tree_threads
 
     target, drafter = models.target, models.drafter
     ids = target.chat_ids(prompt)

@@ -67,6 +67,9 @@ def _add_decode_args(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                    help="retrieved branches in the tree before the top-B cut (dartree, dartree-fixed): "
                         "none, ngram (context n-grams), table (online successor table) or both "
                         "(default: dartree/defaults.py's RETRIEVAL_DEFAULT)")
+    p.add_argument("--continuity", type=float, default=None,
+                   help="weight of DART's n-gram continuity term in the tree scores (dartree, dartree-fixed), "
+                        "from the target's own committed answers; 0: off (default: this device's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -154,6 +157,16 @@ def _budget_policy(models, path, temperature: float = 0.0):
     return policy_for(models.target, models.drafter_name, path, temperature)
 
 
+def _check_continuity(args, models, configs=()) -> None:
+    """Refuse an n-gram continuity weight asked for on a target without committed answers to count."""
+    from .continuity import corpus_folders
+
+    asked = getattr(args, "continuity", None) or any(c.continuity for c in configs)
+    if asked and not corpus_folders(models.target.name):
+        raise UserError(f"--continuity counts the target's own answers in assets/train_data, and "
+                        f"{models.target.name!r} has none there: leave it out or pass 0")
+
+
 def _check_retrieval(args) -> None:
     """Refuse an unknown --retrieval before the models load."""
     from .retrieval import RETRIEVAL_MODES
@@ -176,6 +189,7 @@ def cmd_generate(args) -> int:
     prompts = [args.prompt] if args.prompt is not None else read_prompt_file(args.prompt_file, args.limit)
     _set_threads(args.threads)
     models = load_models(args.target, args.drafter if args.method != "ar" else "none", args.device, args.dtype)
+    _check_continuity(args, models)
     # unset W, B, C, bonus: DecodeSettings resolves the device's defaults (dartree.defaults), the auto
     # budget included where it is the default and a calibrated policy fits these models (shape_for)
     auto = args.budget == "auto" or (args.budget is None and shape_for(models, args.temperature).get("auto_budget")
@@ -186,7 +200,7 @@ def cmd_generate(args) -> int:
                               depth=args.depth, candidates=args.candidates,
                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                               max_new_tokens=args.max_new_tokens, depth_bonus=args.depth_bonus,
-                              retrieval=args.retrieval)
+                              retrieval=args.retrieval, continuity=args.continuity)
     policy = _budget_policy(models, None, args.temperature) if auto else None
     if not args.json and args.method != "ar":
         print(f"[dartree] drafter: {models.drafter_description}", file=sys.stderr)
@@ -234,7 +248,9 @@ def _grid(args, models):
     base = DecodeSettings(depth=args.depth, candidates=args.candidates, temperature=args.temperature, top_p=args.top_p,
                           seed=args.seed, max_new_tokens=args.max_new_tokens,
                           depth_bonus=getattr(args, "depth_bonus", None),
-                          retrieval=getattr(args, "retrieval", None)).resolved(device_type)
+                          retrieval=getattr(args, "retrieval", None),
+                          continuity=getattr(args, "continuity", None)).resolved(device_type)
+    _check_continuity(args, models, configs)
     for cfg in configs:
         cfg.settings(base).validated(models.drafter.max_depth if models.drafter else None, models.target.vocab_size,
                                      device_type, policy_given=cfg.auto)

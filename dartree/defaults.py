@@ -31,9 +31,10 @@ CUDA: the DARTree reference's defaults (W = 12, B = 64, C = 64, and the depth bo
 runs): a GPU verifies 64 tokens for little more than the cost of one.
 """
 
-CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": -0.1}
+CPU_DEFAULTS = {"width": 4, "budget": 8, "candidates": 64, "auto_budget": False, "depth_bonus": -0.1,
+                "continuity": 0.1}
 AUTO_BUDGET_CAP = 256  # the most nodes an automatic budget may verify (the cost curve's last point)
-GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2}
+GPU_DEFAULTS = {"width": 12, "budget": 64, "candidates": 64, "depth_bonus": -0.2, "continuity": 0.0}
 
 
 def default_shape(device_type: str, temperature: float = 0.0) -> dict:
@@ -73,6 +74,26 @@ def default_shape(device_type: str, temperature: float = 0.0) -> dict:
 # Close to the earlier dev-picked values (0.2 / 0.6 / 0.75 / 0.9; 0.55 / 0.08 x 3; 0.7); dev τ with them: 3.36,
 # as before (above). The script's default (24 rows) is the fuller run.
 RETRIEVAL_DEFAULT = "ngram"
+
+# DART's n-gram continuity term (dartree.continuity): P from the trigrams of the target's own committed answers
+# (6.0 M response tokens), DART's longest-context rule and eps. Its weight is a shape default above ("continuity";
+# the DARTree reference leaves the term off on GPUs, and uses DART's 0.5 when on). CPU weight, by τ replayed on
+# the 30 dev and 30 dev_long prompts (T = 0, 128 tokens, the stop-42 drafter, bonus -0.1; `python -m dartree
+# sweep --limit 30 --spread --max-new-tokens 128 --configs ar,dartree:W=4:B=8:retrieval=none:continuity=W,...,
+# dartree:continuity=W,... --costs assets/benchmarks/sweep-cpu.json`, and with --prompt-file
+# ../shared/data/dev_long_prompts.jsonl; assets/benchmarks/continuity/sweep-*.json):
+#   weight               0       0.03    0.05    0.08    0.1     0.12    0.15    0.2
+#   dev, drafter alone   2.5132  2.5440  2.5715  2.5755  2.5696  2.5636  2.5577  2.5324   (W = 4, B = 8)
+#   dev_long, alone      2.2679  2.3142  2.3392  2.3719  2.3766  2.3790  2.3648  2.3508
+#   dev, default         3.4173          3.4926          3.4926          3.5260           (n-gram retrieval)
+#   dev_long, default    3.0076          3.0856          3.0936          3.0539
+#   dev, W = 12, B = 32  2.9821          3.0393          3.0172                           (DDTree B = 32: 2.6923)
+# DART's own 0.5 loses (dev alone 2.36 in a first, uncommitted prototype of the term): with this small corpus an
+# unseen continuation costs 0.5 x log(1e-10) = -11.5. 0.1 leads dev_long at the default and holds dev's best default and most of the
+# drafter-alone gain, so the CPU weight is 0.1. The depth bonus, re-swept with it at the default (bonus 0 / -0.1 /
+# -0.2): dev 3.4926 / 3.4926 / 3.5074, dev_long 3.0776 / 3.0936 / 3.0697; -0.1 stays.
+CONTINUITY_ORDER = 3
+CONTINUITY_EPS = 1e-10
 RETRIEVAL_PRIORS = {"ngram": (0.33, 0.6, 0.7, 0.93), "table": (0.49, 0.14, 0.13, 0.09), "table_chain": 0.78}
 RETRIEVAL_PRIOR_WEIGHT = 4.0
 

@@ -22,6 +22,7 @@ import torch
 
 from . import METHODS, TREE_METHODS
 from .cache import compact_cache, new_cache
+from .continuity import continuity_term, round_continuity
 from .defaults import (AUTO_BUDGET_CAP, RETRIEVAL_DEFAULT, RETRIEVAL_PRIOR_WEIGHT, RETRIEVAL_PRIORS,
                        SCORE_TEMPERATURE_SCALE, default_shape, score_temperature)
 from .draft import DrafterContext, PathCorrector, draft_block
@@ -31,7 +32,7 @@ from .sampling import next_tokens
 from .trace import (STAGE_KEYS, CommitRecord, DepthRecord, DraftRecord, PrefillRecord, RoundRecord,
                     TreeRecord, VerifyRecord)
 from .retrieval import RETRIEVAL_MODES, Retriever, source_counts
-from .tree import Tree, prune_top_b
+from .tree import Tree, prune_top_b, tree_threads
 from .verify import verify_tree, walk_tree
 
 MAX_WIDTH = 64
@@ -41,6 +42,7 @@ MAX_NEW_TOKENS = 8192
 MAX_TEMPERATURE = 2.0
 MAX_SCORE_TEMPERATURE = SCORE_TEMPERATURE_SCALE * MAX_TEMPERATURE  # the default scores' at the hottest T
 MIN_DEPTH_BONUS = -1.0
+MAX_CONTINUITY = 2.0  # the n-gram term's weight: DART's default is 0.5
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class DecodeSettings:
     # the temperature the tree's scores are processed at (dartree.tree.child_log_probs): 0 leaves them as
     # drafted (greedy); None: dartree.defaults.score_temperature of the decoding temperature
     score_temperature: float | None = None
+    # weight of DART's n-gram term in the tree scores (dartree.continuity; methods with `continuity`, else 0);
+    # 0: off; None: the device's default (0 on a target without committed answers to count)
+    continuity: float | None = None
 
     def resolved(self, device_type: str = "cpu", policy_given: bool = False) -> "DecodeSettings":
         """Unset tree-shape fields filled with the device's measured defaults (dartree.defaults)."""
@@ -82,13 +87,14 @@ class DecodeSettings:
         if auto is None:
             auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
         budget = self.budget if self.budget is not None else (AUTO_BUDGET_CAP if auto else shape["budget"])
-        unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus") if getattr(self, k) is None}
+        unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus", "continuity") if getattr(self, k) is None}
         retrieval = RETRIEVAL_DEFAULT if self.retrieval is None else self.retrieval
         if retrieval not in RETRIEVAL_MODES:
             raise UserError(f"unknown retrieval {retrieval!r}: choose one of {', '.join(RETRIEVAL_MODES)}")
         retrieval = retrieval if REGISTRY[self.method].retrieval else "none"
         scoring = score_temperature(self.temperature) if self.score_temperature is None else self.score_temperature
-        return replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, score_temperature=scoring, **unset)
+        out = replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, score_temperature=scoring, **unset)
+        return out if REGISTRY[self.method].continuity else replace(out, continuity=0.0)
 
     def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
                   policy_given: bool = False) -> "DecodeSettings":
@@ -108,6 +114,8 @@ class DecodeSettings:
              f"score temperature must be between 0 and {MAX_SCORE_TEMPERATURE}, got {s.score_temperature}"),
             (MIN_DEPTH_BONUS <= s.depth_bonus <= 0.0,
              f"depth bonus must be between {MIN_DEPTH_BONUS} and 0, got {s.depth_bonus}"),
+            (0.0 <= s.continuity <= MAX_CONTINUITY,
+             f"the n-gram continuity weight must be between 0 and {MAX_CONTINUITY}, got {s.continuity}"),
             (not s.auto_budget or REGISTRY[s.method].auto_budget,
              f"an automatic budget applies to {', '.join(n for n, m in REGISTRY.items() if m.auto_budget)} "
              f"only, not {s.method!r}"),
@@ -150,9 +158,10 @@ class GenerationResult:
         return decoded / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
 
-def make_builder(settings: DecodeSettings, block, corrector):
-    """The method's tree builder for this round's block (the protocol of dartree.tree)."""
-    return REGISTRY[settings.method].make_builder(settings, block.draft, corrector)
+def make_builder(settings: DecodeSettings, block, corrector, continuity=None):
+    """The method's tree builder for this round's block (the protocol of dartree.tree); `continuity`: the
+    round's (ContinuityTerm, root tails) from `round_continuity`, or None."""
+    return REGISTRY[settings.method].make_builder(settings, block.draft, corrector, continuity)
 
 
 def sibling_count(settings: DecodeSettings) -> int:
@@ -197,37 +206,21 @@ def make_retriever(settings: DecodeSettings, target, depth: int) -> Retriever | 
 
 
 def build_round_tree(settings: DecodeSettings, block, corrector, budget_policy=None,
-                     retriever: Retriever | None = None) -> tuple[Tree, Tree, torch.Tensor | None]:
+                     retriever: Retriever | None = None, continuity=None) -> tuple[Tree, Tree, torch.Tensor | None]:
     """A whole round's tree at once, as the Decoder's depth and prune steps build it: (supertree, tree,
     kept indices or None).
 
     Used where nobody watches the depths (the replay sweep); the Decoder runs the same builders step
     by step so that the explorer can draw each depth. `retriever`: the replay's own (dartree.replay),
-    None for a tree without retrieval.
+    None for a tree without retrieval; `continuity`: the round's n-gram term (`round_continuity`) or None.
     """
     device = block.draft.cand_tokens.device
     settings = settings.resolved(device.type, budget_policy is not None)  # a no-op on validated settings
-    builder = make_builder(settings, block, corrector)
+    builder = make_builder(settings, block, corrector, continuity)
     with tree_threads(device):
         builder.run()
     supertree, tree, kept, _ = finish_tree(settings, builder, budget_policy, retriever)
     return supertree, tree, kept
-
-
-@contextmanager
-def tree_threads(device: torch.device):
-    """Build trees with one CPU thread: their ops are tiny ([W, C] scores, a GRU step), and handing each of
-    them to a second thread costs more than it saves (a W = 8 supertree: 26 ms with 2 threads, 10 ms with 1,
-    measured on this 2-core machine). The target and the drafter pass keep every thread."""
-    if device.type != "cpu" or torch.get_num_threads() == 1:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _sync(device: torch.device) -> None:
@@ -274,6 +267,7 @@ class Decoder:
         self.drafter = drafter if settings.method in TREE_METHODS else None
         max_depth = drafter.max_depth if drafter is not None else None
         self.settings = settings.validated(max_depth, target.vocab_size, target.device.type, budget_policy is not None)
+        self.settings, self.continuity = continuity_term(self.settings, target)
         if self.settings.auto_budget and budget_policy is None:
             raise UserError("an automatic budget needs a calibrated policy (dartree.budget.policy_for)")
         self.budget_policy = budget_policy if self.settings.auto_budget else None
@@ -369,7 +363,8 @@ class Decoder:
         with self._timed("draft") as t:
             self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
                                      s.depth, s.candidates, sibling_count(s))
-            self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block))
+            self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block),
+                                        round_continuity(self.continuity, self.prompt_ids + self.output, self.device))
         self.next_stage = "depth"
         d = self.block.draft
         return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp,
@@ -392,7 +387,7 @@ class Decoder:
                               self.settings.budget, t.seconds, stage="depth")
         return DepthRecord(self.round, grown.depth, grown.frontier, grown.parent, grown.token, grown.marginal_lp,
                            grown.corrected_lp, grown.score, grown.rank, grown.survived, grown.node_index, t.seconds,
-                           settled=self.builder.settled)
+                           settled=self.builder.settled, continuity_lp=grown.continuity_lp)
 
     @torch.inference_mode()
     def prune(self) -> TreeRecord:

@@ -42,6 +42,7 @@ import torch
 
 from .cache import new_cache
 from .draft import DrafterContext, PathCorrector, draft_block
+from .continuity import continuity_term, round_continuity
 from .engine import DecodeSettings, build_round_tree, generate, make_retriever, sibling_count
 from .methods import METHODS
 from .retrieval import live_nodes
@@ -123,6 +124,7 @@ def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_s
     """Rounds of one configuration on one continuation, as the decoder would run them (at T > 0: on this
     sample), its resolved retrieval included (none or ngram; see the module docstring for the table)."""
     s = settings.validated(drafter.max_depth, target.vocab_size, target.device.type, budget_policy is not None)
+    s, term = continuity_term(s, target)
     if not replayable(s):
         raise ValueError(f"retrieval {s.retrieval!r} reads the target's logits at every verified node: "
                          "decode it (decoded_rounds), a replay cannot")
@@ -139,7 +141,7 @@ def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_s
         block = _block_at(cont, drafter, target, position, s)
         t0 = time.perf_counter()
         supertree, tree, kept = build_round_tree(s, block, PathCorrector(drafter, target, block), budget_policy,
-                                                 retriever)
+                                                 retriever, round_continuity(term, seq[:position + 1], dev))
         out.tree_seconds.append(time.perf_counter() - t0)
         on_tree_path = matched_nodes(tree, seq, position)  # at T = 0: the nodes the target accepts
         accepted = int(torch.where(on_tree_path, tree.depths, 0).max())
@@ -237,6 +239,7 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
                          "predicted_tokens_per_second": 1.0 / t_ar, "mean_nodes": 1.0, "tree_ms": 0.0})
             continue
         s = cfg.settings(base).resolved(target.device.type, budget_policy is not None)
+        s, _ = continuity_term(s, target)  # the weight the replays run (0 on a target without a corpus)
         committed, seconds, nodes, tree_times = 0, 0.0, [], []
         for cont in continuations:
             if replayable(s):
@@ -256,7 +259,7 @@ def sweep(models, continuations: list[Continuation], configs, base: DecodeSettin
         tps = committed / seconds if seconds else 0.0
         rows.append({"method": cfg.method, "width": cfg.width, "budget": budget,
                      "depth_bonus": s.depth_bonus if METHODS[cfg.method].prunes else None,
-                     "retrieval": s.retrieval, "tau": tau,
+                     "retrieval": s.retrieval, "continuity": s.continuity, "tau": tau,
                      "predicted_tokens_per_second": tps, "predicted_speedup": tps * t_ar,
                      "mean_nodes": sum(nodes) / rounds if rounds else 0.0, "tree_ms": 1e3 * tree_s,
                      "rounds": rounds})

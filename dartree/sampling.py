@@ -87,3 +87,34 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 def _last_positive(x: torch.Tensor) -> torch.Tensor:
     """[N, 1] index of each row's last positive entry of x [N, K]."""
     return x.shape[-1] - 1 - (x > 0).flip(-1).int().argmax(dim=-1, keepdim=True)
+
+
+OUTSIDE_NUCLEUS = -1e4  # the log-prob given to a candidate top-p removes: finite, so scores stay printable
+
+
+def processed_log_probs(lp: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Candidate log-probs [..., C] after temperature, then top-p: `processed_probs` on the C candidates of a
+    tree depth, as logs (dartree.tree.child_log_probs scores with them).
+
+    p_T(x) = p(x)^(1/T) / sum_v p(v)^(1/T). The C candidates are the top C of their distribution; where
+    their probabilities do not sum to 1 (full-vocabulary marginals), the tokens beyond them are counted as
+    if each were as likely as the last candidate: the tail's mass m contributes m x p_C^(1/T - 1) to the
+    sum (exact at T = 1, and 0 where the candidates hold all the mass, as the head's corrected ones do).
+    Top-p keeps the candidates whose processed mass above them is below top_p and renormalises by the
+    nucleus mass, which is the kept candidates' mass when they close the nucleus and about top_p when
+    the nucleus runs on into the tail.
+    """
+    lp = lp.float()
+    tail_mass = (1.0 - lp.exp().sum(dim=-1, keepdim=True)).clamp(min=0.0)
+    last = lp.min(dim=-1, keepdim=True).values
+    tail = tail_mass.log() + last * (1.0 / temperature - 1.0)  # -inf without a tail
+    scaled = lp / temperature
+    out = scaled - torch.logsumexp(torch.cat([scaled, tail], dim=-1), dim=-1, keepdim=True)
+    if top_p >= 1.0:
+        return out
+    probs = out.exp()
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # processed mass strictly above each candidate
+    kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < top_p)
+    nucleus = torch.where(kept, probs, 0.0).sum(dim=-1, keepdim=True).clamp(min=top_p)
+    return torch.where(kept, out - nucleus.log(), OUTSIDE_NUCLEUS)

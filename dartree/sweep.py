@@ -21,7 +21,8 @@ import json
 from pathlib import Path
 
 from . import TREE_METHODS
-from .bench import AUTO_BUDGET_CAP, BenchConfig, cost_curve, machine_info, tree_build_comparison
+from .bench import (AUTO_BUDGET_CAP, KNOB_HEAD, BenchConfig, cost_curve, knob_cells, machine_info,
+                    tree_build_comparison)
 from .budget import AutoBudget, calibrate
 from .engine import DecodeSettings
 from .errors import UserError
@@ -119,14 +120,12 @@ def calibrate_policy(models, prompts: list[str], base: DecodeSettings, costs: di
 
 
 def format_sweep(results: dict) -> str:
-    head = (f"{'method':<14}{'W':>4}{'B':>6}{'bonus':>6}{'retr':>6}{'tau':>7}{'nodes':>7}{'tree ms':>9}"
+    head = (f"{'method':<14}{'W':>4}{'B':>6}{KNOB_HEAD}{'tau':>7}{'nodes':>7}{'tree ms':>9}"
             f"{'pred tok/s':>12}{'pred speedup':>14}")
     source = results["cost_curve"].get("source")
     lines = ([f"speeds predicted from the cost curve in {source}"] if source else []) + [head, "-" * len(head)]
     for r in results["rows"]:
-        bonus = "" if r.get("depth_bonus") is None else f"{r['depth_bonus']:g}"
-        retr = "" if r.get("retrieval") in (None, "none") else r["retrieval"]
-        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>6}{bonus:>6}{retr:>6}{r['tau']:>7.2f}"
+        lines.append(f"{r['method']:<14}{r['width'] or '':>4}{r['budget'] or '':>6}{knob_cells(r)}{r['tau']:>7.2f}"
                      f"{r['mean_nodes']:>7.1f}"
                      f"{r['tree_ms']:>9.1f}{r['predicted_tokens_per_second']:>12.2f}{r['predicted_speedup']:>14.2f}")
     lines += ["", "tree build (s): B, W, batched, sequential heap, ratio"]

@@ -89,10 +89,12 @@ class DepthRecord:
     seconds: float
     stage: str = "depth"
     settled: bool = False  # the builder stops here: no deeper node could make the top-B cut (dartree.tree)
+    continuity_lp: torch.Tensor | None = None  # the n-gram term included in corrected_lp (None: off)
 
     def to_frame(self):
+        cont = {} if self.continuity_lp is None else {"continuity_lp": self.continuity_lp}
         return _frame({"depth": [self.depth] * int(self.token.shape[0]), "parent": self.parent, "token": self.token,
-                       "marginal_lp": self.marginal_lp, "corrected_lp": self.corrected_lp, "score": self.score,
+                       "marginal_lp": self.marginal_lp, "corrected_lp": self.corrected_lp, **cont, "score": self.score,
                        "rank": self.rank, "survived": self.survived, "node_index": self.node_index})
 
     def to_dict(self):

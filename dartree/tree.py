@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from .sampling import processed_log_probs
 
 
 @dataclass
@@ -131,12 +134,13 @@ class DepthExpansion:
     survived: torch.Tensor  # [F*C] bool: kept by the global cut
     node_index: torch.Tensor  # [F*C] index of the new node when survived, else -1
     keep: int  # how many survived
+    continuity_lp: torch.Tensor | None = None  # [F*C] the n-gram term inside corrected_lp (None: off)
 
 
 def child_log_probs(draft: Draft, depth: int, residual: torch.Tensor | None, temperature: float = 0.0,
-                    top_p: float = 1.0) -> torch.Tensor:
-    """Log-probs of depth `depth`'s C candidates under F paths ([F, C]; [C] without a residual): the one
-    scoring function of every tree builder.
+                    top_p: float = 1.0, continuity: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probs of depth `depth`'s C candidates under F paths ([F, C]; [C] without a residual or a
+    continuity term): the one scoring function of every tree builder.
 
     Where the head corrects (a residual [F, C]), the log-softmax of base + residual over the C candidates:
     the residual exists only on them. Where it does not (pure-draft depths, a drafter without a head), the
@@ -155,43 +159,16 @@ def child_log_probs(draft: Draft, depth: int, residual: torch.Tensor | None, tem
     of k T applied to the drafter's log-probs. Measured by τ on sampled continuations of train prompts
     (dartree.defaults, SCORE_TEMPERATURE_SCALE), k = 1.5 beats both the drafted scores (k = 1 at T = 1) and
     the target's own T (k = 1), so the settings' `score_temperature` is 1.5 T (dartree.defaults.score_temperature).
+
+    `continuity` [F, C] (DART's n-gram term, w x log P_ngram <= 0: dartree.continuity) is added last, not
+    renormalised, as DART adds it.
     """
     if residual is None:
         lp = draft.cand_marginal_lp[depth - 1]
     else:
         lp = torch.log_softmax(draft.cand_base_logits[depth - 1] + residual, dim=-1)
-    return lp if temperature <= 0 else processed_log_probs(lp, temperature, top_p)
-
-
-OUTSIDE_NUCLEUS = -1e4  # the log-prob given to a candidate top-p removes: finite, so scores stay printable
-
-
-def processed_log_probs(lp: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """Candidate log-probs [..., C] after temperature, then top-p: `dartree.sampling.processed_probs` on the C
-    candidates, as logs.
-
-    p_T(x) = p(x)^(1/T) / sum_v p(v)^(1/T). The C candidates are the top C of their distribution; where
-    their probabilities do not sum to 1 (full-vocabulary marginals), the tokens beyond them are counted as
-    if each were as likely as the last candidate: the tail's mass m contributes m x p_C^(1/T - 1) to the
-    sum (exact at T = 1, and 0 where the candidates hold all the mass, as the head's corrected ones do).
-    Top-p keeps the candidates whose processed mass above them is below top_p and renormalises by the
-    nucleus mass, which is the kept candidates' mass when they close the nucleus and about top_p when
-    the nucleus runs on into the tail.
-    """
-    lp = lp.float()
-    tail_mass = (1.0 - lp.exp().sum(dim=-1, keepdim=True)).clamp(min=0.0)
-    last = lp.min(dim=-1, keepdim=True).values
-    tail = tail_mass.log() + last * (1.0 / temperature - 1.0)  # -inf without a tail
-    scaled = lp / temperature
-    out = scaled - torch.logsumexp(torch.cat([scaled, tail], dim=-1), dim=-1, keepdim=True)
-    if top_p >= 1.0:
-        return out
-    probs = out.exp()
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # processed mass strictly above each candidate
-    kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, order, before < top_p)
-    nucleus = torch.where(kept, probs, 0.0).sum(dim=-1, keepdim=True).clamp(min=top_p)
-    return torch.where(kept, out - nucleus.log(), OUTSIDE_NUCLEUS)
+    lp = lp if temperature <= 0 else processed_log_probs(lp, temperature, top_p)
+    return lp if continuity is None else lp + continuity
 
 
 def fixed_quota_schedule(budget: int, depth: int):
@@ -212,6 +189,22 @@ def width_schedule(width: int):
     return lambda d, available: min(width, available)
 
 
+@contextmanager
+def tree_threads(device: torch.device):
+    """Build trees with one CPU thread: their ops are tiny ([W, C] scores, a GRU step), and handing each of
+    them to a second thread costs more than it saves (a W = 8 supertree: 26 ms with 2 threads, 10 ms with 1,
+    measured on this 2-core machine). The target and the drafter pass keep every thread."""
+    if device.type != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 HOST_READ_FREE = ("cpu",)  # device types where reading a tensor's value costs no sync (the builder's early stop)
 
 
@@ -226,6 +219,8 @@ class DepthwiseBuilder:
     `cut_bonus` (dartree) makes `finish` cut the grown supertree to its best B by `prune_top_b` with
     that depth bonus; None keeps it whole (the keep schedule already respected the budget).
     `score_temperature` and `top_p` process the log-probs for sampling (`child_log_probs`; 0: greedy).
+    `continuity` (a dartree.continuity.ContinuityTerm) adds DART's n-gram term to every score, from each frontier
+    path's last n - 1 tokens (`root_tails` [1, n - 1] at the root, then carried beside the GRU states).
 
     `cut_budget` (dartree with a fixed B): stop growing once the cut is settled, i.e. when every frontier
     node's cut key is strictly below the B-th best key of the nodes grown so far. A descendant's key never
@@ -238,8 +233,9 @@ class DepthwiseBuilder:
 
     def __init__(self, draft: Draft, corrector: Corrector, keep, depth: int | None = None,
                  cut_bonus: float | None = None, score_temperature: float = 0.0, top_p: float = 1.0,
-                 cut_budget: int | None = None):
+                 cut_budget: int | None = None, continuity=None, root_tails: torch.Tensor | None = None):
         self.draft = draft
+        self.continuity, self.frontier_tails = continuity, root_tails  # [F, n - 1]: the paths' last tokens
         self.score_temperature, self.top_p = score_temperature, top_p
         self.cut_bonus = cut_bonus
         dev = draft.cand_tokens.device
@@ -279,7 +275,10 @@ class DepthwiseBuilder:
         n_frontier, n_cand = int(self.frontier.shape[0]), draft.num_candidates
         marginal = draft.cand_marginal_lp[d - 1].expand(n_frontier, n_cand)
         residual = self.corrector.residual(d, self.frontier_states)
-        corrected = child_log_probs(draft, d, residual, self.score_temperature, self.top_p).expand(n_frontier, n_cand)
+        term = None if self.continuity is None else \
+            self.continuity(self.frontier_tails, draft.cand_tokens[d - 1].expand(n_frontier, n_cand))
+        corrected = child_log_probs(draft, d, residual, self.score_temperature, self.top_p, term)
+        corrected = corrected.expand(n_frontier, n_cand)
         score = (self.frontier_scores[:, None] + corrected).reshape(-1)
         order = torch.sort(score, descending=True, stable=True).indices
         rank = torch.empty_like(order)
@@ -307,10 +306,12 @@ class DepthwiseBuilder:
             self._settle()
         if not self.done:
             self.frontier_states = self.corrector.advance(new_tokens, self.frontier_states[parent_slot])
+            if self.continuity is not None:
+                self.frontier_tails = self.continuity.advance(self.frontier_tails, parent_slot, new_tokens)
         return DepthExpansion(
             depth=d, frontier=frontier, parent=parents_all, token=tokens,
             marginal_lp=marginal.reshape(-1), corrected_lp=corrected.reshape(-1), score=score, rank=rank,
-            survived=survived, node_index=node_index, keep=keep,
+            survived=survived, node_index=node_index, keep=keep, continuity_lp=None if term is None else term.reshape(-1),
         )
 
     def run(self) -> list[DepthExpansion]:

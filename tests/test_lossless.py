@@ -52,6 +52,18 @@ def test_every_method_equals_ar_with_a_random_drafter(real_models, references, m
         assert got.token_ids == ref, prompt
 
 
+@pytest.mark.parametrize("method", [m for m in TREE_METHODS if REGISTRY[m].continuity])
+def test_the_n_gram_continuity_term_keeps_the_output_of_ar(real_models, references, method):
+    """DART's term only reorders the tree (here at its heaviest weight, with and without retrieval); the
+    target still verifies every node, so the output stays plain decoding's."""
+    for prompt, (ids, ref) in references.items():
+        for retrieval in ("none", "ngram"):
+            settings = DecodeSettings(method=method, width=4, budget=12, candidates=16, max_new_tokens=24,
+                                      retrieval=retrieval, continuity=2.0)
+            got = generate(real_models.target, real_models.drafter, ids, settings)
+            assert got.settings["continuity"] == 2.0 and got.token_ids == ref, (prompt, retrieval)
+
+
 @pytest.mark.parametrize("retrieval", ("ngram", "table", "both"))
 @pytest.mark.parametrize("method", RETRIEVAL_METHODS)
 def test_every_retrieval_method_equals_ar(real_models, references, method, retrieval):

@@ -49,10 +49,32 @@ def test_retrieval_mode_and_weight_path_must_match():
     assert bench_reference(replace(s, retrieval="none"), "cpu", (ngram, blocks)) is None
 
 
+def test_a_result_of_the_loaded_drafter_wins_over_a_newer_one_of_another():
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none").resolved("cpu")
+    ours = dict(result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.6)]), drafter="ours")
+    theirs = dict(result("2026-12-02", "cpu", [row("dartree", 4, 8, -0.2, 2.0)]), drafter="theirs")
+    same_day = dict(result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.9)]), drafter="theirs")
+    for order in ((ours, theirs, same_day), (same_day, theirs, ours)):  # not by the order files are listed in
+        ref = bench_reference(s, "cpu", order, drafter="ours")
+        assert ref["speedup"] == 1.6 and ref["same_drafter"]
+    ref = bench_reference(s, "cpu", (theirs, same_day), drafter="ours")  # none of ours: the newest, flagged
+    assert ref["speedup"] == 2.0 and not ref["same_drafter"]
+    assert bench_reference(s, "cpu", (ours, theirs))["speedup"] == 2.0  # no drafter given: the newest
+
+
 def test_the_committed_benchmarks_hold_a_reference_for_the_cpu_default():
     assert bench_results(), "no bench result under assets/benchmarks"
     ref = bench_reference(DecodeSettings().resolved("cpu"), "cpu")
     assert ref is not None and ref["n_prompts"] >= 10 and ref["file"].startswith("assets/benchmarks/")
+
+
+def test_the_shipped_drafter_has_its_own_reference_for_the_cpu_default():
+    from dartree.models.loading import SHIPPED_DRAFTER, describe_checkpoint
+
+    shipped = describe_checkpoint(SHIPPED_DRAFTER)
+    for weights in ("fp32", "gguf"):
+        ref = bench_reference(DecodeSettings().resolved("cpu"), "cpu", weights=weights, drafter=shipped)
+        assert ref is not None and ref["same_drafter"], f"no {weights} bench of the shipped drafter's default shape"
 
 
 def test_a_bench_file_says_its_weight_path_and_older_files_are_read_from_their_description(tmp_path):

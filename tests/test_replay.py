@@ -186,6 +186,17 @@ def test_retrieval_knob_and_setting():
             parse_configs(bad)
 
 
+def test_continuity_knob_and_setting():
+    """`continuity=` in --configs sets the n-gram term's weight; unset, the base's."""
+    got = parse_configs("dartree:W=4:B=8:continuity=0.05,dartree")
+    assert got[1] == BenchConfig("dartree", 4, 8, None, None, 0.05) and got[1].label == "dartree W=4 B=8 continuity=0.05"
+    assert got[1].settings(DecodeSettings()).continuity == 0.05
+    assert got[2].settings(DecodeSettings(continuity=0.2)).continuity == 0.2
+    for bad in ("dartree:continuity=x", "dartree:continuity="):
+        with pytest.raises(UserError):
+            parse_configs(bad)
+
+
 def test_spread_prompts_sample_the_whole_file(tmp_path):
     from dartree.prompts import read_prompt_file
 

@@ -342,7 +342,7 @@ def processed_log_probs_by_the_sampler(temperature, top_p):
     """The sampler's own rule (dartree.sampling.processed_probs) over the C candidates, as logs: a path score is
     then the log of the product of the processed probabilities along the path (0 counts as OUTSIDE_NUCLEUS)."""
     from dartree.sampling import processed_probs
-    from dartree.tree import OUTSIDE_NUCLEUS
+    from dartree.sampling import OUTSIDE_NUCLEUS
 
     def log_probs(logits):
         probs = processed_probs(logits[None], temperature, top_p)[0]
@@ -397,7 +397,7 @@ def test_processed_marginals_against_the_whole_vocabulary(temperature):
     """Full-vocabulary marginals: exact at T = 1; below it the tail estimate (every token beyond the C
     candidates as likely as the last one) over-counts the partition, so each log-prob is at most the exact
     one, and the candidates keep their order."""
-    from dartree.tree import processed_log_probs
+    from dartree.sampling import processed_log_probs
 
     g = torch.Generator().manual_seed(1)
     base = torch.randn(3, 64, generator=g) * 2
@@ -416,7 +416,7 @@ def test_top_p_scores_match_the_sampler_on_the_candidates():
     """With the candidates holding all the mass, processed log-probs are the logs of the sampler's
     processed_probs, the tokens it never draws marked OUTSIDE_NUCLEUS."""
     from dartree.sampling import processed_probs
-    from dartree.tree import OUTSIDE_NUCLEUS, processed_log_probs
+    from dartree.sampling import OUTSIDE_NUCLEUS, processed_log_probs
 
     logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)) * 2
     for temperature, top_p in ((0.7, 0.8), (1.2, 0.5), (0.9, 1.0)):
@@ -424,3 +424,46 @@ def test_top_p_scores_match_the_sampler_on_the_candidates():
         got = processed_log_probs(torch.log_softmax(logits, -1), temperature, top_p)
         want = torch.where(probs > 0, probs.log(), torch.tensor(OUTSIDE_NUCLEUS))
         assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_continuity_scores_equal_a_node_by_node_reference_and_never_rise_along_a_path(models):
+    """The builder carries each path's last tokens: its scores are the head's log-probs plus w log P_ngram of the
+    whole path's tail, recomputed here node by node from the path."""
+    import numpy as np
+
+    from dartree.continuity import ContinuityTerm, NgramTable
+
+    target, drafter = models
+    block = random_block(depth=4, cand=5, seed=3)
+    cand = block.draft.cand_tokens
+    # a corpus that knows some of the candidates' continuations and not others
+    rng = np.random.default_rng(0)
+    seqs = [cand.flatten()[rng.integers(0, cand.numel(), 40)].numpy().astype(np.int64) for _ in range(20)]
+    term = ContinuityTerm(NgramTable.build(seqs, 3, eps=1e-6), weight=0.4)
+    committed = [5, 7]  # ... the anchor (7) last
+    with torch.no_grad():
+        builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3),
+                                   continuity=term, root_tails=term.root_tails(committed, "cpu"))
+        builder.run()
+        tree = builder.tree()
+        plain = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3))
+        plain.run()
+    assert not torch.equal(tree.tokens, plain.tree().tokens)  # the term changed which paths survive
+
+    @torch.no_grad()
+    def head_log_prob(path, depth, token):
+        state_tokens = torch.tensor([7, *path], dtype=torch.long)
+        state = drafter.gru_scan(target.embed(state_tokens)[None])[0, -1:]
+        columns = cand[depth - 1]
+        residual = drafter.correction(block.hidden[depth - 1][None], state, columns)[0]
+        lp = torch.log_softmax(block.draft.cand_base_logits[depth - 1] + residual, -1)
+        return float(lp[(columns == token).nonzero()[0, 0]])
+
+    for node in range(1, tree.num_nodes + 1):
+        path = path_tokens(tree, node)
+        want = 0.0
+        for d in range(1, len(path) + 1):
+            tail = torch.tensor([(committed + list(path[:d - 1]))[-2:]])
+            want += head_log_prob(path[:d - 1], d, path[d - 1]) + float(term(tail, torch.tensor([[path[d - 1]]]))[0, 0])
+        assert math.isclose(float(tree.scores[node]), want, abs_tol=1e-4)
+        assert float(tree.scores[node]) <= float(tree.scores[int(tree.parents[node])])  # the cut stays prefix-closed

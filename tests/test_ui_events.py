@@ -150,6 +150,7 @@ def test_errors_are_messages_not_tracebacks(canonical):
         (dict(SMALL, depth=9), "depth D"),
         (dict(SMALL, temperature=5.0), "temperature"),
         (dict(SMALL, depth_bonus=-2.0), "depth bonus"),
+        (dict(SMALL, continuity=5.0), "continuity weight"),
         (dict(SMALL, width="wide"), "width must be a number"),
     ]
     for controls, message in cases:
@@ -304,6 +305,18 @@ def test_depth_bonus_control_reaches_the_settings_and_reads_the_device_default(c
     assert out["summary"]["settings"]["depth_bonus"] == -0.5
     assert "depth bonus" in out["status"] and "-0.50 × depth" in out["rank_fig"].layout.yaxis.title.text
     out = event(session, "end", **dict(SMALL, depth_bonus=-0.5))
+    assert out["summary"]["output_ids"] == plain  # T = 0: any ranking commits plain decoding's tokens
+
+
+def test_continuity_control_reaches_the_settings_and_its_term_the_tree_hover(canonical, models, plain):
+    assert Controls.of(continuity="0.3").settings().continuity == 0.3
+    assert default_controls(models).continuity == CPU_DEFAULTS.get("continuity", 0.0)
+    session = copy.deepcopy(canonical)
+    out = event(session, "depth", **dict(SMALL, continuity=0.3))
+    assert out["summary"]["settings"]["continuity"] == 0.3
+    hovers = [h for trace in out["supertree_fig"].data for h in (trace.hovertext or ()) if h]
+    assert any("n-gram continuity term" in h for h in hovers)
+    out = event(session, "end", **dict(SMALL, continuity=0.3))
     assert out["summary"]["output_ids"] == plain  # T = 0: any ranking commits plain decoding's tokens
 
 

@@ -16,7 +16,8 @@ from ..trace import source_names
 class NodeView:
     """One node as the tree panels draw it. `id` is the node's index in the round's supertree, or a
     string for a cut candidate (it has none); `order` sorts siblings (rank at its depth); `marginal`
-    and `corrected` are the step probabilities before and after the correction head."""
+    and `corrected` are the step probabilities before and after the correction head; `continuity` is
+    the n-gram term the step's score added beside them (dartree.continuity; None: off)."""
 
     id: int | str
     parent: int | None
@@ -26,6 +27,7 @@ class NodeView:
     score: float  # path log-score
     marginal: float | None = None
     corrected: float | None = None
+    continuity: float | None = None
     rank: int | None = None
     order: float = 0  # sorts siblings: rank at its depth (or minus the path score)
     survived: bool = True  # False: cut by the global top-W at its depth
@@ -70,16 +72,19 @@ def depth_view(rec, texts: TokenTexts, cut_per_parent: int = 3, correction_paren
     n = int(rec.token.shape[0])
     c = n // max(f, 1)
     parent, token = _list(rec.parent), _list(rec.token)
-    marginal, corrected = _list(rec.marginal_lp), _list(rec.corrected_lp)
+    head_lp = rec.corrected_lp if rec.continuity_lp is None else rec.corrected_lp - rec.continuity_lp  # the head's own
+    marginal, corrected = _list(rec.marginal_lp), _list(head_lp)
+    cont = None if rec.continuity_lp is None else _list(rec.continuity_lp)
     score, rank, survived, node_index = _list(rec.score), _list(rec.rank), _list(rec.survived), _list(rec.node_index)
-    rows = rec.corrected_lp.reshape(f, c)
+    rows = head_lp.reshape(f, c)
     order = rows.argsort(dim=-1, descending=True, stable=True)
     corrected_rank = order.argsort(dim=-1).reshape(-1).tolist()
 
     def node(i, nid):
         return NodeView(id=nid, parent=parent[i], depth=rec.depth, token=token[i], text=texts(token[i]),
                         score=score[i], marginal=math.exp(marginal[i]), corrected=math.exp(corrected[i]),
-                        rank=rank[i], order=rank[i], survived=bool(survived[i]))
+                        continuity=None if cont is None else cont[i], rank=rank[i], order=rank[i],
+                        survived=bool(survived[i]))
 
     survivors = [node(i, node_index[i]) for i in range(n) if survived[i]]
     per_parent = max(0, min(cut_per_parent, 48 // max(f, 1)))
@@ -88,7 +93,7 @@ def depth_view(rec, texts: TokenTexts, cut_per_parent: int = 3, correction_paren
         for slot in range(f):
             row = [slot * c + j for j in order[slot].tolist() if not survived[slot * c + j]][:per_parent]
             cut += [node(i, f"cut{rec.depth}.{i}") for i in row]
-    active = bool((rec.corrected_lp - rec.marginal_lp).abs().max() > 1e-6) if n else False
+    active = bool((head_lp - rec.marginal_lp).abs().max() > 1e-6) if n else False
     shown = min(f, correction_parents)
     idx = list(range(shown * c))
     correction = {"marginal_rank": [i % c for i in idx], "corrected_rank": [corrected_rank[i] for i in idx],

@@ -111,6 +111,8 @@ def _node_hover(n: NodeView) -> str:
         parts.append(f"marginal p: {n.marginal:.4f}")
     if n.corrected is not None:
         parts.append(f"corrected p: {n.corrected:.4f}")
+    if n.continuity is not None:
+        parts.append(f"n-gram continuity term: {n.continuity:+.3f}")
     parts.append(f"path score: {n.score:.3f}  (p = {math.exp(n.score):.3g})")
     if n.source != "draft":
         parts.append(f"proposed by: {n.source} (retrieved)" if n.source != "both" else "proposed by two sources")

@@ -13,7 +13,7 @@ from dataclasses import fields
 import gradio as gr
 
 from .. import TREE_METHODS
-from ..engine import MIN_DEPTH_BONUS
+from ..engine import MAX_CONTINUITY, MIN_DEPTH_BONUS
 from ..methods import METHODS
 from ..errors import UserError
 from ..models.loading import load_models
@@ -141,6 +141,11 @@ def build_demo(models=None, initial: Session | None = None) -> gr.Blocks:
                             info="dartree / dartree-fixed: chains looked up in the context (n-grams) or in the "
                                  "target's own recent successors (table) join the tree before the top-B cut",
                             elem_id="retrieval")
+                        controls["continuity"] = gr.Slider(
+                            0.0, MAX_CONTINUITY, value=c0.continuity, step=0.01, label="N-gram continuity weight",
+                            info="dartree / dartree-fixed: each candidate's score adds weight × log P(token | the "
+                                 "path's last two tokens), counted in the target's own training answers (DART's "
+                                 "term); 0 is off", elem_id="continuity")
                     buttons = {}
                     with gr.Row():
                         for label, action in STAGE_BUTTONS[:3]:

@@ -209,7 +209,8 @@ def speed_markdown(speed: dict | None, drafter_description: str) -> str:
     if ref:
         lines.append(f"**This machine's reference** (`bench`, {ref['n_prompts']} dev prompts × "
                      f"{ref['max_new_tokens']} tokens, {ref['date']}, `{ref['file']}`): {method} with this shape runs at "
-                     f"**{ref['speedup']:.2f}×** plain decoding, τ = {ref['tau']:.2f}.")
+                     f"**{ref['speedup']:.2f}×** plain decoding, τ = {ref['tau']:.2f}"
+                     + ("." if ref.get("same_drafter", True) else ", measured with another drafter than this one."))
     elif method != "ar":
         lines.append("*No bench result for this shape on this kind of machine in `assets/benchmarks/`.*")
     if m and m["ratio"] is not None and m["ratio"] < 1 and method != "ar":

@@ -142,7 +142,9 @@ def _speed(session) -> dict | None:
     rounds = [{"round": r.round, "tokens": r.committed, "seconds": sum(r.seconds.values()),
                "steps": sum(r.seconds.values()) / t_ar} for r in dec.rounds] if t_ar else []
     speed = {"method": dec.settings.method, "t_ar": t_ar, "rounds": rounds, "measured": session.measured(),
-             "reference": bench_reference(dec.settings, dec.device.type, weights=_weights(dec)), "min_tokens": MIN_RATIO_TOKENS}
+             "reference": bench_reference(dec.settings, dec.device.type, weights=_weights(dec),
+                                          drafter=session.models.drafter_description),
+             "min_tokens": MIN_RATIO_TOKENS}
     return dict(speed, caption=narrate.speed_caption(speed))
 
 

@@ -2,8 +2,9 @@
 
 The Explorer shows it beside its live ratio, so that one prompt's figure is read against a mean over many.
 A result matches when it was measured on the same kind of device, at the same temperature and candidates
-count, for the same method and the knobs that method has (dartree.methods); among matches the newest file
-wins, then the one with more prompts. Nothing is hard-coded: a new bench JSON there is picked up.
+count, for the same method and the knobs that method has (dartree.methods); among matches a result measured
+with the drafter on show wins (the bench JSON's `drafter` line against the loaded drafter's description), then
+the newest file, then the one with more prompts. Nothing is hard-coded: a new bench JSON there is picked up.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def bench_results(root: Path = BENCH_DIR) -> tuple[dict, ...]:
         found.append({"file": str(path.relative_to(root.parents[1])), "rows": rows,
                       "weights": data["machine"].get("weights") or _legacy_weights(data["machine"]),
                       "date": data.get("date") or _file_date(path), "settings": data.get("settings", {}),
-                      "device": str(data["machine"].get("device", "")), "command": data.get("command", "")})
+                      "device": str(data["machine"].get("device", "")), "command": data.get("command", ""),
+                      "drafter": str(data.get("drafter", ""))})
     return tuple(found)
 
 
@@ -70,14 +72,19 @@ def _matches(row: dict, settings) -> bool:
         return False
     if (row.get("retrieval") or "none") != (getattr(settings, "retrieval", None) or "none"):
         return False  # rows from before retrieval existed ran without it
+    if abs((row.get("continuity") or 0.0) - (getattr(settings, "continuity", None) or 0.0)) > 1e-9:
+        return False  # rows from before the n-gram continuity term existed ran without it
     if method.prunes:  # rows from before the depth bonus existed (None) ran without one
         return abs((row.get("depth_bonus") or 0.0) - settings.depth_bonus) < 1e-9
     return True
 
 
-def bench_reference(settings, device_type: str, results=None, weights: str | None = None) -> dict | None:
+def bench_reference(settings, device_type: str, results=None, weights: str | None = None,
+                    drafter: str | None = None) -> dict | None:
     """The best-matching bench row for these (resolved) settings on this kind of device (and CPU weight path,
-    `weights`: gguf or fp32, None: any), or None."""
+    `weights`: gguf or fp32, None: any), or None. `drafter` (the loaded drafter's description) ranks the
+    results measured with it first; the reference's `same_drafter` says whether it is one of them (True
+    when `drafter` is None)."""
     if settings.method == "ar":
         return None
     best = None
@@ -91,9 +98,11 @@ def bench_reference(settings, device_type: str, results=None, weights: str | Non
             continue
         for row in res["rows"]:
             if _matches(row, settings):
+                same = drafter is None or res.get("drafter") == drafter
                 ref = {"speedup": row["speedup_vs_ar"], "tau": row["tau"], "n_prompts": row["n_prompts"],
                        "max_new_tokens": s.get("max_new_tokens"), "date": res["date"],
-                       "file": res["file"], "command": res["command"]}
-                if best is None or (ref["date"], ref["n_prompts"]) > (best["date"], best["n_prompts"]):
+                       "file": res["file"], "command": res["command"], "same_drafter": same}
+                rank = (same, ref["date"], ref["n_prompts"])
+                if best is None or rank > (best["same_drafter"], best["date"], best["n_prompts"]):
                     best = ref
     return best

@@ -69,6 +69,7 @@ class Controls:
     auto_budget: bool = False  # dartree: per-round B by expected tokens/s (on where calibrated: default_controls)
     depth_bonus: float = CPU_DEFAULTS.get("depth_bonus", 0.0)  # the top-B cut ranks by score + bonus * depth
     retrieval: str = RETRIEVAL_DEFAULT  # retrieved branches before the cut: none, ngram, table, both
+    continuity: float = CPU_DEFAULTS.get("continuity", 0.0)  # weight of DART's n-gram term in the scores
 
     @classmethod
     def of(cls, **named) -> "Controls":
@@ -84,7 +85,7 @@ class Controls:
         return DecodeSettings(method=self.method, width=self.width, budget=self.budget, depth=self.depth,
                               candidates=self.candidates, temperature=self.temperature, seed=self.seed,
                               max_new_tokens=self.max_new_tokens, depth_bonus=self.depth_bonus,
-                              retrieval=self.retrieval,
+                              retrieval=self.retrieval, continuity=self.continuity,
                               auto_budget=self.auto_budget and self.method in METHODS and METHODS[self.method].auto_budget)
 
 
@@ -105,14 +106,15 @@ def default_controls(models, **overrides) -> Controls:
     return Controls(**{**shape_controls(models, overrides.get("temperature", 0.0)), **overrides})
 
 
-SHAPE_CONTROLS = ("width", "budget", "auto_budget", "depth_bonus")  # the controls that follow the temperature
+SHAPE_CONTROLS = ("width", "budget", "auto_budget", "depth_bonus", "continuity")  # the controls that follow the temperature
 
 
 def shape_controls(models, temperature: float) -> dict:
     """The shape controls' default values at this temperature (`shape_for`: dartree.defaults' temperature axis)."""
     shape = shape_for(models, temperature)
     return {"width": shape["width"], "budget": shape["budget"], "candidates": shape["candidates"],
-            "auto_budget": bool(shape.get("auto_budget")), "depth_bonus": shape.get("depth_bonus", 0.0)}
+            "auto_budget": bool(shape.get("auto_budget")), "depth_bonus": shape.get("depth_bonus", 0.0),
+            "continuity": shape.get("continuity", 0.0)}
 
 
 def follow_temperature(models, temperature: float, **shape) -> dict:
