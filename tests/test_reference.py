@@ -17,7 +17,8 @@ def row(method, width, budget, bonus, speedup):
 
 
 def test_the_newest_row_of_the_same_shape_and_device_wins():
-    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none").resolved("cpu")
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none",
+                       continuity=0.0).resolved("cpu")
     old = result("2026-11-01", "cpu", [row("dartree", 4, 8, -0.2, 1.1)])
     new = result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.5), row("dartree", 4, 8, 0.0, 1.7)])
     gpu = result("2026-12-24", "cuda:0", [row("dartree", 4, 8, -0.2, 3.0)])
@@ -28,7 +29,7 @@ def test_the_newest_row_of_the_same_shape_and_device_wins():
     assert bench_reference(s, "cuda", (old, new, gpu))["speedup"] == 3.0
     # a row from before the depth bonus existed (None) ran without one
     legacy = result("2026-10-01", "cpu", [row("dartree", 4, 8, None, 1.3)])
-    assert bench_reference(DecodeSettings(depth_bonus=0.0, retrieval="none").resolved("cpu"), "cpu",
+    assert bench_reference(DecodeSettings(depth_bonus=0.0, retrieval="none", continuity=0.0).resolved("cpu"), "cpu",
                            (legacy,))["speedup"] == 1.3
     assert bench_reference(s, "cpu", (legacy,)) is None
     # ddtree has no W and no depth bonus: they do not have to match
@@ -38,7 +39,8 @@ def test_the_newest_row_of_the_same_shape_and_device_wins():
 
 
 def test_retrieval_mode_and_weight_path_must_match():
-    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="ngram").resolved("cpu")
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="ngram",
+                       continuity=0.0).resolved("cpu")
     plain = result("2026-12-05", "cpu", [row("dartree", 4, 8, -0.2, 1.6)])  # no retrieval field: none
     ngram = result("2026-12-04", "cpu", [dict(row("dartree", 4, 8, -0.2, 2.2), retrieval="ngram")])
     blocks = dict(result("2026-12-03", "cpu", [dict(row("dartree", 4, 8, -0.2, 1.2), retrieval="ngram")]),
@@ -49,8 +51,18 @@ def test_retrieval_mode_and_weight_path_must_match():
     assert bench_reference(replace(s, retrieval="none"), "cpu", (ngram, blocks)) is None
 
 
+def test_the_continuity_weight_must_match_and_older_rows_ran_without_the_term():
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none",
+                       continuity=0.1).resolved("cpu")
+    old = result("2026-12-06", "cpu", [row("dartree", 4, 8, -0.2, 1.5)])  # no continuity field: 0
+    new = result("2026-12-01", "cpu", [dict(row("dartree", 4, 8, -0.2, 1.6), continuity=0.1)])
+    assert bench_reference(s, "cpu", (old, new))["speedup"] == 1.6
+    assert bench_reference(replace(s, continuity=0.0), "cpu", (old, new))["speedup"] == 1.5
+
+
 def test_a_result_of_the_loaded_drafter_wins_over_a_newer_one_of_another():
-    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none").resolved("cpu")
+    s = DecodeSettings(method="dartree", width=4, budget=8, depth_bonus=-0.2, retrieval="none",
+                       continuity=0.0).resolved("cpu")
     ours = dict(result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.6)]), drafter="ours")
     theirs = dict(result("2026-12-02", "cpu", [row("dartree", 4, 8, -0.2, 2.0)]), drafter="theirs")
     same_day = dict(result("2026-12-01", "cpu", [row("dartree", 4, 8, -0.2, 1.9)]), drafter="theirs")

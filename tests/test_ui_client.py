@@ -13,7 +13,8 @@ PROMPT = "What is the capital of France?"
 WIDTH, BUDGET, DEPTH, CANDIDATES, TOKENS = 4, 12, 7, 32, 12
 CONTROLS = dict(prompt=PROMPT, method="dartree", width=WIDTH, budget=BUDGET, depth=DEPTH, candidates=CANDIDATES,
                 temperature=0.0, seed=0, max_new_tokens=TOKENS, auto_budget=False, depth_bonus=0.0,
-                retrieval="none")  # a fixed B, no retrieval
+                retrieval="none", continuity=0.0)  # a fixed B, no retrieval, no n-gram term (it settles the cut
+# before depth 7 on this prompt, and this round steps all seven depths)
 
 
 @pytest.fixture(scope="module")
