@@ -144,7 +144,7 @@ class ContinuityTerm:
     @staticmethod
     def advance(tails: torch.Tensor, parent_slot: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """The survivors' tails [K, n - 1]: each parent's tail shifted by the survivor's token."""
-        return torch.cat([tails[parent_slot, 1:], tokens[:, None]], dim=1)
+        return torch.cat([tails[parent_slot], tokens[:, None]], dim=1)[:, 1:]
 
 
 def corpus_folders(target_name: str, root: Path | None = None) -> list[Path]:

@@ -17,7 +17,8 @@ says when it is grown, and `finish(budget) -> (supertree, tree, kept)` hands ove
   builder of one step).
 
 Scores come from a `Draft` (one drafter pass: the top-C candidates per position with their base logits)
-and a corrector (the GRU head; see dartree.draft). Nothing here knows about models or files.
+and a corrector (the GRU head; see dartree.draft), plus, where it is on, DART's n-gram term (dartree.continuity).
+Nothing here knows about models or files.
 """
 
 from __future__ import annotations

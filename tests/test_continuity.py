@@ -52,6 +52,8 @@ def test_the_term_is_weighted_and_tails_shift_by_the_survivors_tokens():
     assert torch.allclose(scores, 0.5 * torch.log(torch.tensor([[0.5, 0.5, 0.0]]) + 1e-10))
     tails = ContinuityTerm.advance(torch.tensor([[1, 2], [5, 6]]), torch.tensor([1, 0, 1]), torch.tensor([7, 8, 9]))
     assert tails.tolist() == [[6, 7], [2, 8], [6, 9]]
+    empty = torch.zeros(2, 0, dtype=torch.long)  # a unigram table keeps no tail
+    assert ContinuityTerm.advance(empty, torch.tensor([1, 0, 1]), torch.tensor([7, 8, 9])).shape == (3, 0)
 
 
 def test_a_too_wide_token_id_an_empty_corpus_and_a_too_high_order_are_refused():
