@@ -30,12 +30,12 @@ import torch
 
 from .defaults import CONTINUITY_EPS, CONTINUITY_ORDER
 from .errors import UserError
+from .prompts import REPO_ROOT
 
 BITS = 16  # bits a token id takes in a key
 MAX_ORDER = 3  # 3 x 16 bits, and the order in bits 60 up: an int64
 ORDER_SHIFT = 60
 LOW = (1 << ORDER_SHIFT) - 1  # the token bits of a key
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def response_sequences(folders) -> list[np.ndarray]:
@@ -132,11 +132,17 @@ class ContinuityTerm:
     def __init__(self, table: NgramTable, weight: float):
         self.table, self.weight = table, float(weight)
 
-    def root_tails(self, committed: list[int], device) -> torch.Tensor:
-        """[1, n - 1]: the committed tokens the round's root path ends with (the anchor last), padded on the left."""
+    def root_tails(self, device, *committed) -> torch.Tensor:
+        """[1, n - 1]: the last n - 1 committed tokens (the anchor last), padded on the left. `committed` comes in
+        pieces (a prompt, an output) read from their ends only, so a round never copies the whole text."""
         n = self.table.order - 1
-        tail = [PAD] * max(n - len(committed), 0) + list(committed[len(committed) - n:] if n else [])
-        return torch.tensor([tail], dtype=torch.long, device=device)
+        tail: list[int] = []
+        for part in reversed(committed):
+            take = n - len(tail)
+            if take <= 0:
+                break
+            tail = list(part[max(len(part) - take, 0):]) + tail
+        return torch.tensor([[PAD] * (n - len(tail)) + tail], dtype=torch.long, device=device)
 
     def __call__(self, tails: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
         return self.weight * self.table.log_probs(tails, cand)
@@ -187,6 +193,6 @@ def continuity_term(settings, target):
     return settings, ContinuityTerm(table, settings.continuity)
 
 
-def round_continuity(term: ContinuityTerm | None, committed: list[int], device):
-    """What a round's builder needs of the term: (term, the last tokens of `committed`, the anchor last)."""
-    return None if term is None else (term, term.root_tails(committed, device))
+def round_continuity(term: ContinuityTerm | None, device, *committed):
+    """What a round's builder needs of the term: (term, `root_tails` of the committed pieces), or None."""
+    return None if term is None else (term, term.root_tails(device, *committed))

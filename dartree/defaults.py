@@ -74,6 +74,8 @@ def default_shape(device_type: str, temperature: float = 0.0) -> dict:
 # Close to the earlier dev-picked values (0.2 / 0.6 / 0.75 / 0.9; 0.55 / 0.08 x 3; 0.7); dev τ with them: 3.36,
 # as before (above). The script's default (24 rows) is the fuller run.
 RETRIEVAL_DEFAULT = "ngram"
+RETRIEVAL_PRIORS = {"ngram": (0.33, 0.6, 0.7, 0.93), "table": (0.49, 0.14, 0.13, 0.09), "table_chain": 0.78}
+RETRIEVAL_PRIOR_WEIGHT = 4.0
 
 # DART's n-gram continuity term (dartree.continuity): P from the trigrams of the target's own committed answers
 # (6.0 M response tokens), DART's longest-context rule and eps. Its weight is a shape default above ("continuity";
@@ -89,13 +91,11 @@ RETRIEVAL_DEFAULT = "ngram"
 #   dev_long, default    3.0076          3.0856          3.0936          3.0539
 #   dev, W = 12, B = 32  2.9821          3.0393          3.0172                           (DDTree B = 32: 2.6923)
 # DART's own 0.5 loses (dev alone 2.36 in a first, uncommitted prototype of the term): with this small corpus an
-# unseen continuation costs 0.5 x log(1e-10) = -11.5. 0.1 leads dev_long at the default and holds dev's best default and most of the
-# drafter-alone gain, so the CPU weight is 0.1. The depth bonus, re-swept with it at the default (bonus 0 / -0.1 /
-# -0.2): dev 3.4926 / 3.4926 / 3.5074, dev_long 3.0776 / 3.0936 / 3.0697; -0.1 stays.
+# unseen continuation costs 0.5 x log(1e-10) = -11.5. 0.1 leads dev_long at the default and holds dev's best
+# default and most of the drafter-alone gain, so the CPU weight is 0.1. The depth bonus, re-swept with it at the
+# default (bonus 0 / -0.1 / -0.2): dev 3.4926 / 3.4926 / 3.5074, dev_long 3.0776 / 3.0936 / 3.0697; -0.1 stays.
 CONTINUITY_ORDER = 3
 CONTINUITY_EPS = 1e-10
-RETRIEVAL_PRIORS = {"ngram": (0.33, 0.6, 0.7, 0.93), "table": (0.49, 0.14, 0.13, 0.09), "table_chain": 0.78}
-RETRIEVAL_PRIOR_WEIGHT = 4.0
 
 # Sampling (T > 0, issue #24). The walk accepts a child when the target's draw from its processed distribution
 # (temperature, top-p) lands on it, so fewer nodes are accepted than at T = 0 and the scores that rank them

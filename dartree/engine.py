@@ -87,14 +87,16 @@ class DecodeSettings:
         if auto is None:
             auto = bool(shape.get("auto_budget")) and policy_given and REGISTRY[self.method].auto_budget
         budget = self.budget if self.budget is not None else (AUTO_BUDGET_CAP if auto else shape["budget"])
-        unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus", "continuity") if getattr(self, k) is None}
+        unset = {k: shape[k] for k in ("width", "candidates", "depth_bonus") if getattr(self, k) is None}
         retrieval = RETRIEVAL_DEFAULT if self.retrieval is None else self.retrieval
         if retrieval not in RETRIEVAL_MODES:
             raise UserError(f"unknown retrieval {retrieval!r}: choose one of {', '.join(RETRIEVAL_MODES)}")
         retrieval = retrieval if REGISTRY[self.method].retrieval else "none"
+        continuity = shape["continuity"] if self.continuity is None else self.continuity
+        continuity = continuity if REGISTRY[self.method].continuity else 0.0
         scoring = score_temperature(self.temperature) if self.score_temperature is None else self.score_temperature
-        out = replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, score_temperature=scoring, **unset)
-        return out if REGISTRY[self.method].continuity else replace(out, continuity=0.0)
+        return replace(self, budget=budget, auto_budget=auto, retrieval=retrieval, continuity=continuity,
+                       score_temperature=scoring, **unset)
 
     def validated(self, max_depth: int | None, vocab_size: int, device_type: str = "cpu",
                   policy_given: bool = False) -> "DecodeSettings":
@@ -364,7 +366,7 @@ class Decoder:
             self.block = draft_block(self.drafter, self.target, self.context, self.anchor, self.prefix_len,
                                      s.depth, s.candidates, sibling_count(s))
             self.builder = make_builder(s, self.block, PathCorrector(self.drafter, self.target, self.block),
-                                        round_continuity(self.continuity, self.prompt_ids + self.output, self.device))
+                                        round_continuity(self.continuity, self.device, self.prompt_ids, self.output))
         self.next_stage = "depth"
         d = self.block.draft
         return DraftRecord(self.round, int(self.anchor), self.prefix_len, d.cand_tokens, d.cand_marginal_lp,

@@ -139,9 +139,11 @@ def replay(target, drafter, cont: Continuation, settings: DecodeSettings, keep_s
     out = ReplayRounds([], [], [])
     while produced < total:
         block = _block_at(cont, drafter, target, position, s)
+        done = cont.output_ids[:position + 1 - len(cont.prompt_ids)]  # the output committed before this round
+        continuity = round_continuity(term, dev, cont.prompt_ids, done)
         t0 = time.perf_counter()
         supertree, tree, kept = build_round_tree(s, block, PathCorrector(drafter, target, block), budget_policy,
-                                                 retriever, round_continuity(term, seq[:position + 1], dev))
+                                                 retriever, continuity)
         out.tree_seconds.append(time.perf_counter() - t0)
         on_tree_path = matched_nodes(tree, seq, position)  # at T = 0: the nodes the target accepts
         accepted = int(torch.where(on_tree_path, tree.depths, 0).max())

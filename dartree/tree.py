@@ -312,7 +312,8 @@ class DepthwiseBuilder:
         return DepthExpansion(
             depth=d, frontier=frontier, parent=parents_all, token=tokens,
             marginal_lp=marginal.reshape(-1), corrected_lp=corrected.reshape(-1), score=score, rank=rank,
-            survived=survived, node_index=node_index, keep=keep, continuity_lp=None if term is None else term.reshape(-1),
+            survived=survived, node_index=node_index, keep=keep,
+            continuity_lp=None if term is None else term.reshape(-1),
         )
 
     def run(self) -> list[DepthExpansion]:

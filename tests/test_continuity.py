@@ -45,9 +45,12 @@ def test_log_probs_match_brute_force_counts(order, vocab, seed):
 def test_the_term_is_weighted_and_tails_shift_by_the_survivors_tokens():
     seqs = [np.array([1, 2, 3, 1, 2, 4], dtype=np.int64)]
     term = ContinuityTerm(NgramTable.build(seqs, 3, eps=1e-10), weight=0.5)
-    root = term.root_tails([9, 1, 2], "cpu")
+    root = term.root_tails("cpu", [9, 1, 2])
     assert root.tolist() == [[1, 2]]
-    assert term.root_tails([2], "cpu").tolist() == [[PAD, 2]]
+    assert term.root_tails("cpu", [2]).tolist() == [[PAD, 2]]
+    assert term.root_tails("cpu", [7, 9, 1], [2]).tolist() == [[1, 2]]  # a prompt and an output
+    assert term.root_tails("cpu", [7, 9], [1, 2, 3]).tolist() == [[2, 3]]
+    assert term.root_tails("cpu", [], []).tolist() == [[PAD, PAD]]
     scores = term(root, torch.tensor([[3, 4, 1]]))
     assert torch.allclose(scores, 0.5 * torch.log(torch.tensor([[0.5, 0.5, 0.0]]) + 1e-10))
     tails = ContinuityTerm.advance(torch.tensor([[1, 2], [5, 6]]), torch.tensor([1, 0, 1]), torch.tensor([7, 8, 9]))

@@ -443,7 +443,7 @@ def test_continuity_scores_equal_a_node_by_node_reference_and_never_rise_along_a
     committed = [5, 7]  # ... the anchor (7) last
     with torch.no_grad():
         builder = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3),
-                                   continuity=term, root_tails=term.root_tails(committed, "cpu"))
+                                   continuity=term, root_tails=term.root_tails("cpu", committed))
         builder.run()
         tree = builder.tree()
         plain = DepthwiseBuilder(block.draft, PathCorrector(drafter, target, block), width_schedule(3))
