@@ -31,22 +31,12 @@ import torch
 from .defaults import CONTINUITY_EPS, CONTINUITY_ORDER
 from .errors import UserError
 from .prompts import REPO_ROOT
+from .shards import folder_responses
 
 BITS = 16  # bits a token id takes in a key
 MAX_ORDER = 3  # 3 x 16 bits, and the order in bits 60 up: an int64
 ORDER_SHIFT = 60
 LOW = (1 << ORDER_SHIFT) - 1  # the token bits of a key
-
-
-def response_sequences(folders) -> list[np.ndarray]:
-    """The response tokens (prompt removed) of every sequence of the token shards in `folders`."""
-    out = []
-    for folder in folders:
-        for path in sorted(Path(folder).glob("tokens-*.npz")):
-            with np.load(path) as z:
-                ids, offsets, prompt_len = z["ids"].astype(np.int64), z["offsets"], z["prompt_len"]
-            out += [ids[offsets[i] + prompt_len[i]:offsets[i + 1]] for i in range(len(prompt_len))]
-    return out
 
 
 def gram_keys(seq: np.ndarray, k: int) -> np.ndarray:
@@ -175,7 +165,7 @@ def table_for(target_name: str, order: int, device) -> NgramTable | None:
     key = (target_name, order, str(device))
     if key not in _TABLES:
         folders = corpus_folders(target_name)
-        _TABLES[key] = NgramTable.build(response_sequences(folders), order, CONTINUITY_EPS).to(device) \
+        _TABLES[key] = NgramTable.build(folder_responses(folders), order, CONTINUITY_EPS).to(device) \
             if folders else None
     return _TABLES[key]
 

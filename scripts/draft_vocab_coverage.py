@@ -22,7 +22,8 @@ import numpy as np
 from safetensors import safe_open
 
 from dartree.models.target import load_target
-from dartree.train.datagen import list_shards, read_tokens, tokens_dir, tokens_path
+from dartree.shards import read_tokens, sequences
+from dartree.train.datagen import list_shards, tokens_dir, tokens_path
 from dartree.train.presets import get_preset
 from dartree.train.trainer import SeqStore, draft_vocab_from_data
 
@@ -37,10 +38,8 @@ def responses(preset: str) -> dict[str, list[np.ndarray]]:
     out = defaultdict(list)
     folder = tokens_dir(preset)
     for k in list_shards(folder):
-        t = read_tokens(tokens_path(folder, k))
-        src = t.get("source", np.array(["v1"] * len(t["prompt_len"])))
-        for a, b, p, s in zip(t["offsets"][:-1], t["offsets"][1:], t["prompt_len"], src):
-            out[str(s)].append(t["ids"][a + p:b].astype(np.int64))
+        for s in sequences(read_tokens(tokens_path(folder, k))):
+            out[s.source].append(s.response)
     return out
 
 

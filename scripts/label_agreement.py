@@ -18,16 +18,15 @@ import numpy as np
 import torch
 
 from dartree.models.target import load_target
-from dartree.train.datagen import list_shards, read_tokens, tokens_dir, tokens_path
+from dartree.shards import read_tokens, sequences
+from dartree.train.datagen import list_shards, tokens_dir, tokens_path
 
 
 def sample_sequences(tok_dir, n_tokens: int, seed: int) -> list[tuple[np.ndarray, int]]:
     """(ids, prompt_len) pairs in a seeded random order over all shards, until `n_tokens` response tokens."""
     seqs = []
     for k in list_shards(tok_dir):
-        t = read_tokens(tokens_path(tok_dir, k))
-        seqs += [(t["ids"][a:b].astype(np.int64), int(p))
-                 for a, b, p in zip(t["offsets"][:-1], t["offsets"][1:], t["prompt_len"])]
+        seqs += [(s.ids, s.prompt_len) for s in sequences(read_tokens(tokens_path(tok_dir, k)))]
     order = np.random.default_rng(seed).permutation(len(seqs))
     picked, total = [], 0
     for i in order:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from dartree.continuity import PAD, ContinuityTerm, NgramTable, continuity_term, corpus_folders, response_sequences
+from dartree.continuity import PAD, ContinuityTerm, NgramTable, continuity_term, corpus_folders
+from dartree.shards import folder_responses
 from dartree.engine import DecodeSettings
 from dartree.errors import UserError
 
@@ -70,7 +71,7 @@ def test_the_corpus_is_the_targets_greedy_answers_only():
     folders = corpus_folders("smollm2-135m")
     assert folders and all("t08" not in f.name for f in folders)  # sampled answers are not T = 0's
     assert corpus_folders("no-such-target") == []
-    seqs = response_sequences(folders[:1])
+    seqs = folder_responses(folders[:1])
     assert len(seqs) > 1000 and all(len(s) > 0 for s in seqs[:100])
 
 

@@ -13,6 +13,7 @@ import torch
 from dartree.errors import UserError
 from dartree.models.drafter import DominoDrafter, make_config
 from dartree.models.target import Target
+from dartree.shards import read_tokens
 from dartree.train import datagen, stream
 from dartree.train.batch import build_batch, drafter_logits
 from dartree.train.card import (KEPT_CARD_SECTIONS, git_commit, history_section, read_card_sections,
@@ -110,12 +111,12 @@ def test_shards_are_resumable_and_deterministic(target, tmp_path):
     tok, feat = tmp_path / "tok", tmp_path / "feat"
     stats = datagen.generate_shards(target, datagen.PromptList(prompts, 4), tok_dir=tok, feat_dir=feat, **kw)
     assert stats["shards"] == 3 and stats["sequences"] == 9
-    first = {k: datagen.read_tokens(datagen.tokens_path(tok, k)) for k in range(3)}
+    first = {k: read_tokens(datagen.tokens_path(tok, k)) for k in range(3)}
     assert first[1]["prompt_index"].tolist() == [5, 6, 7]
     datagen.tokens_path(tok, 1).unlink()
     stats = datagen.generate_shards(target, datagen.PromptList(prompts, 4), tok_dir=tok, feat_dir=feat, **kw)
     assert stats["shards"] == 1  # the others were skipped
-    again = datagen.read_tokens(datagen.tokens_path(tok, 1))
+    again = read_tokens(datagen.tokens_path(tok, 1))
     for key in first[1]:
         assert np.array_equal(first[1][key], again[key])
     # features-only pass fills a deleted features shard with the same values

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from dartree.shards import read_tokens
 from dartree.train import datagen, stream
 from dartree.train.longctx import REQUESTS, build_long_prompt, long_prompts, pick_sections
 from dartree.train.magpie import MagpieStats, normalize, verdict
@@ -106,7 +107,7 @@ def test_mix_stats_sum_the_shards(tmp_path):
                          {"train_row": np.array([5, -1], np.int32), "source": np.array(["real", "magpie"])},
                          {"kind": "magpie", "magpie": {"sampled": 4, "accepted": 1, "rejected": {"short": 3}}})
     datagen.write_tokens(datagen.tokens_path(tmp_path, 1), [g], [2], {"source": np.array(["document"])})
-    assert datagen.read_tokens(datagen.tokens_path(tmp_path, 0))["stats"]["kind"] == "magpie"
+    assert read_tokens(datagen.tokens_path(tmp_path, 0))["stats"]["kind"] == "magpie"
     s = mix_stats(tmp_path)
     assert s["sequences"] == {"real": 1, "magpie": 1, "document": 1} and s["response_tokens_total"] == 9
     assert s["magpie"] == {"sampled": 4, "accepted": 1, "rejected": {"short": 3}, "rejection_rate": 0.75}
@@ -160,7 +161,7 @@ def test_sampled_responses_are_seeded_draws_not_the_greedy_text(target, tmp_path
         folder = tmp_path / name
         datagen.generate_shards(target, plan, tok_dir=folder, feat_dir=None, batch_size=4, max_new_tokens=12,
                                 progress=False, log=lambda *a: None, choose=choose)
-        return [datagen.read_tokens(datagen.tokens_path(folder, k))["ids"].tolist() for k in (0, 1)]
+        return [read_tokens(datagen.tokens_path(folder, k))["ids"].tolist() for k in (0, 1)]
 
     def drawn(seed, name):
         return shards(stream.sampler(0.8, 1.0, torch.Generator().manual_seed(seed)), name)

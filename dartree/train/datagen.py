@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from ..models.cache_dir import cache_root
 from ..models.target import Target
+from ..shards import read_tokens, sequences
 from .stream import Generated, generate_stream, recompute_features
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -137,15 +138,6 @@ def write_tokens(path: Path, seqs: list[Generated], prompt_index: list[int], ext
         with open(tmp, "wb") as fh:
             np.savez_compressed(fh, **arrays)
     _atomic_save(Path(path), save)
-
-
-def read_tokens(path: Path) -> dict:
-    """The arrays of a token shard (``stats``, when present, as a dict)."""
-    with np.load(path) as z:
-        out = {k: z[k] for k in z.files}
-    if "stats" in out:
-        out["stats"] = json.loads(str(out["stats"]))
-    return out
 
 
 def feature_offsets(offsets: np.ndarray) -> np.ndarray:
@@ -283,7 +275,7 @@ def fill_missing_features(target: Target, tok_dir: Path, feat_dir: Path, feature
     missing = [k for k in shards if not features_path(feat_dir, k).is_file()]
     for k in tqdm(missing, unit="shard", disable=not progress):
         t = read_tokens(tokens_path(tok_dir, k))
-        seqs = [t["ids"][a:b].astype(np.int64).tolist() for a, b in zip(t["offsets"][:-1], t["offsets"][1:])]
+        seqs = [s.ids.tolist() for s in sequences(t)]
         write_features(features_path(feat_dir, k), recompute_features(target, seqs, feature_layers, batch_size))
     if missing:
         log(f"[datagen] recomputed features of {len(missing)} shards")

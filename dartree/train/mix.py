@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from ..models.target import Target
-from .datagen import (RESERVED_FROM_ROW, ShardPrompts, data_dir, guard_rows, list_shards, load_prompts, read_tokens,
-                      tokens_dir, tokens_path, truncate_prompt)
+from ..shards import read_tokens, response_lengths, sequences
+from .datagen import (RESERVED_FROM_ROW, ShardPrompts, data_dir, guard_rows, list_shards, load_prompts, tokens_dir,
+                      tokens_path, truncate_prompt)
 from .longctx import long_prompts
 from .magpie import normalize, sample_user_turns, user_text
 
@@ -110,8 +111,8 @@ class MixPlan:
             eos = set(self.target.eos_token_ids)
             texts, lengths = [], []
             for t in self.earlier_shards:
-                for a, b, p in zip(t["offsets"][:-1], t["offsets"][1:], t["prompt_len"]):
-                    resp = t["ids"][a + p:b].tolist()
+                for s in sequences(t):
+                    resp = s.response.tolist()
                     if len(resp) > 40 and resp[-1] in eos:
                         texts.append(self.target.tokenizer.decode(resp[:-1], skip_special_tokens=True))
                         lengths.append(len(resp) - 1)
@@ -122,9 +123,9 @@ class MixPlan:
         for j in sorted(set(list_shards(self.tok_dir)) - self._scanned):  # this preset's earlier Magpie turns
             self._scanned.add(j)
             t = read_tokens(tokens_path(self.tok_dir, j))
-            for a, p, src in zip(t["offsets"][:-1], t["prompt_len"], t.get("source", [])):
-                if src == "magpie":
-                    self.seen.add(normalize(user_text(self.target, t["ids"][a:a + p])))
+            for s in sequences(t):
+                if s.source == "magpie":
+                    self.seen.add(normalize(user_text(self.target, s.ids[:s.prompt_len])))
         m = self.mix["magpie"]
         turns, stats = sample_user_turns(self.target, self.S, seed=self.mix["seed"] * 1_000_003 + k, seen=self.seen,
                                          forbidden=self.forbidden, temperature=m["temperature"], top_p=m["top_p"],
@@ -139,7 +140,7 @@ def mix_stats(tok_dir: Path) -> dict:
     sampled = accepted = 0
     for k in list_shards(tok_dir):
         t = read_tokens(tokens_path(tok_dir, k))
-        resp = np.diff(t["offsets"]) - t["prompt_len"]
+        resp = response_lengths(t)
         for src, n in zip(t.get("source", ["real"] * len(resp)), resp.tolist()):
             seqs[str(src)] += 1
             tokens[str(src)] += n

@@ -30,7 +30,8 @@ from ..errors import UserError
 from ..models.drafter import DominoDrafter, make_config
 from ..models.target import Target
 from .batch import autocast, build_batch, position_weights, to_draft_labels, weighted_ce
-from .datagen import feature_offsets, features_path, list_shards, read_tokens, tokens_path
+from ..shards import read_tokens
+from .datagen import feature_offsets, features_path, list_shards, tokens_path
 from .distributed import DistContext, DrafterLoss
 from .evaluate import evaluate_chain, format_eval
 
