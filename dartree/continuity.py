@@ -21,6 +21,7 @@ some 25 tensor ops, whatever n. NumPy's `unique` counts the 6 M tokens in a few 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -146,8 +147,6 @@ class ContinuityTerm:
 def corpus_folders(target_name: str, root: Path | None = None) -> list[Path]:
     """The committed greedy answers of `target_name`: the data folders whose manifest names it and records no
     sampling temperature (a sampled answer is not what the target writes at T = 0)."""
-    import json
-
     root = REPO_ROOT / "assets" / "train_data" if root is None else root
     found = []
     for manifest in sorted(root.glob("*/manifest.json")):

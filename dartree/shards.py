@@ -29,8 +29,15 @@ class Sequence(NamedTuple):
         return self.ids[self.prompt_len:]
 
 
-def shard_paths(folder: Path) -> list[Path]:
-    return sorted(Path(folder).glob("tokens-*.npz"))
+def tokens_path(folder: Path, shard: int) -> Path:
+    return Path(folder) / f"tokens-{shard:05d}.npz"
+
+
+def list_shards(folder: Path, first: int = 0, stop: int | None = None) -> list[int]:
+    """The data stage's shard numbers in `folder`, those in [first, stop) when given (a training window:
+    data keeps growing across sessions, and a recorded run must see exactly the data it trained on)."""
+    ks = sorted(int(p.stem.split("-")[1]) for p in Path(folder).glob("tokens-*.npz"))
+    return [k for k in ks if first <= k and (stop is None or k < stop)]
 
 
 def read_tokens(path: Path) -> dict:
@@ -57,4 +64,5 @@ def response_lengths(shard: dict) -> np.ndarray:
 
 def folder_responses(folders) -> list[np.ndarray]:
     """The response tokens (prompt removed) of every sequence of the token shards in `folders`."""
-    return [s.response for folder in folders for path in shard_paths(folder) for s in sequences(read_tokens(path))]
+    return [s.response for folder in folders for k in list_shards(folder)
+            for s in sequences(read_tokens(tokens_path(folder, k)))]

@@ -22,8 +22,8 @@ import numpy as np
 from safetensors import safe_open
 
 from dartree.models.target import load_target
-from dartree.shards import read_tokens, sequences
-from dartree.train.datagen import list_shards, tokens_dir, tokens_path
+from dartree.shards import list_shards, read_tokens, sequences, tokens_path
+from dartree.train.datagen import tokens_dir
 from dartree.train.presets import get_preset
 from dartree.train.trainer import SeqStore, draft_vocab_from_data
 

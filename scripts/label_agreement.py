@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from dartree.models.target import load_target
-from dartree.shards import read_tokens, sequences
-from dartree.train.datagen import list_shards, tokens_dir, tokens_path
+from dartree.shards import list_shards, read_tokens, sequences, tokens_path
+from dartree.train.datagen import tokens_dir
 
 
 def sample_sequences(tok_dir, n_tokens: int, seed: int) -> list[tuple[np.ndarray, int]]:

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from dartree.shards import folder_responses, read_tokens, response_lengths, sequences
-from dartree.train.datagen import tokens_path, write_tokens
+from dartree.shards import folder_responses, read_tokens, response_lengths, sequences, tokens_path
+from dartree.train.datagen import write_tokens
 from dartree.train.stream import Generated
 
 

@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from ..models.cache_dir import cache_root
 from ..models.target import Target
-from ..shards import read_tokens, sequences
+from ..shards import list_shards, read_tokens, sequences, tokens_path
 from .stream import Generated, generate_stream, recompute_features
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,10 +68,6 @@ def tokens_dir(preset: str) -> Path:
 def features_dir(preset: str) -> Path:
     """Uncommitted fp16 features (large)."""
     return cache_root() / "train" / preset
-
-
-def tokens_path(folder: Path, shard: int) -> Path:
-    return Path(folder) / f"tokens-{shard:05d}.npz"
 
 
 def features_path(folder: Path, shard: int) -> Path:
@@ -150,13 +146,6 @@ def write_features(path: Path, feats: list[np.ndarray]) -> None:
         with open(tmp, "wb") as fh:
             np.save(fh, np.concatenate(feats).astype(np.float16) if feats else np.zeros((0, 0), np.float16))
     _atomic_save(Path(path), save)
-
-
-def list_shards(folder: Path, first: int = 0, stop: int | None = None) -> list[int]:
-    """The data stage's shard numbers in `folder`, those in [first, stop) when given (a training window:
-    data keeps growing across sessions, and a recorded run must see exactly the data it trained on)."""
-    ks = sorted(int(p.stem.split("-")[1]) for p in Path(folder).glob("tokens-*.npz"))
-    return [k for k in ks if first <= k and (stop is None or k < stop)]
 
 
 def check_manifest(folder: Path, manifest: dict) -> None:

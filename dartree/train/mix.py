@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ..models.target import Target
-from ..shards import read_tokens, response_lengths, sequences
-from .datagen import (RESERVED_FROM_ROW, ShardPrompts, data_dir, guard_rows, list_shards, load_prompts, tokens_dir,
-                      tokens_path, truncate_prompt)
+from ..shards import list_shards, read_tokens, response_lengths, sequences, tokens_path
+from .datagen import RESERVED_FROM_ROW, ShardPrompts, data_dir, guard_rows, load_prompts, tokens_dir, truncate_prompt
 from .longctx import long_prompts
 from .magpie import normalize, sample_user_turns, user_text
 

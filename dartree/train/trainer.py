@@ -29,9 +29,9 @@ import torch
 from ..errors import UserError
 from ..models.drafter import DominoDrafter, make_config
 from ..models.target import Target
+from ..shards import list_shards, read_tokens, tokens_path
 from .batch import autocast, build_batch, position_weights, to_draft_labels, weighted_ce
-from ..shards import read_tokens
-from .datagen import feature_offsets, features_path, list_shards, tokens_path
+from .datagen import feature_offsets, features_path
 from .distributed import DistContext, DrafterLoss
 from .evaluate import evaluate_chain, format_eval
 
@@ -66,7 +66,7 @@ class SeqStore:
         return store
 
     def add_shards(self, tok_dir: Path, feat_dir: Path, max_shards: int | None = None, first_shard: int = 0) -> range:
-        """Appends the sequences of a data stage's shards first_shard, ..., max_shards - 1 (`datagen.list_shards`;
+        """Appends the sequences of a data stage's shards first_shard, ..., max_shards - 1 (`shards.list_shards`;
         all of them when neither is given); returns their indices."""
         first = len(self)
         for k in list_shards(tok_dir, first_shard, max_shards):
