@@ -49,12 +49,16 @@ def read_tokens(path: Path) -> dict:
     return out
 
 
+def sources(shard: dict) -> list[str]:
+    """[n] where each sequence's prompt came from; "v1" for every sequence of a preset that records none."""
+    return [str(s) for s in shard.get("source", ["v1"] * len(shard["prompt_len"]))]
+
+
 def sequences(shard: dict) -> Iterator[Sequence]:
     """The sequences of a shard read by :func:`read_tokens`, in order."""
     ids, offsets, prompt_len = shard["ids"], shard["offsets"], shard["prompt_len"]
-    source = shard.get("source", ["v1"] * len(prompt_len))
-    for a, b, p, s in zip(offsets[:-1].tolist(), offsets[1:].tolist(), prompt_len.tolist(), source):
-        yield Sequence(ids[a:b].astype(np.int64), p, str(s))
+    for a, b, p, s in zip(offsets[:-1].tolist(), offsets[1:].tolist(), prompt_len.tolist(), sources(shard)):
+        yield Sequence(ids[a:b].astype(np.int64), p, s)
 
 
 def response_lengths(shard: dict) -> np.ndarray:

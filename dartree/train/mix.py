@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..models.target import Target
-from ..shards import list_shards, read_tokens, response_lengths, sequences, tokens_path
+from ..shards import list_shards, read_tokens, response_lengths, sequences, sources, tokens_path
 from .datagen import RESERVED_FROM_ROW, ShardPrompts, data_dir, guard_rows, load_prompts, tokens_dir, truncate_prompt
 from .longctx import long_prompts
 from .magpie import normalize, sample_user_turns, user_text
@@ -140,9 +140,9 @@ def mix_stats(tok_dir: Path) -> dict:
     for k in list_shards(tok_dir):
         t = read_tokens(tokens_path(tok_dir, k))
         resp = response_lengths(t)
-        for src, n in zip(t.get("source", ["real"] * len(resp)), resp.tolist()):
-            seqs[str(src)] += 1
-            tokens[str(src)] += n
+        for src, n in zip(sources(t), resp.tolist()):
+            seqs[src] += 1
+            tokens[src] += n
         m = t.get("stats", {}).get("magpie")
         if m:
             sampled, accepted = sampled + m["sampled"], accepted + m["accepted"]
